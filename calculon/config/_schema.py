@@ -1,0 +1,166 @@
+"""Field-by-field reading of JSON objects with messages a user can act on.
+
+Every configuration class reads its JSON through :class:`Reader`, so every
+mistake is reported the same way: where the value came from, the field, the
+value, and what is allowed.  Nothing here raises anything but
+:class:`~calculon.errors.ConfigError`.
+"""
+
+import math
+import numbers
+
+from calculon.errors import ConfigError
+
+
+def _repr(value):
+  text = repr(value)
+  return text if len(text) <= 60 else text[:57] + '...'
+
+
+class Spec:
+  """What one field accepts.
+
+  Args:
+    kind: 'int' (an integer, not a boolean), 'number' (int or float, finite),
+      'bool', 'str', 'list', 'dict'.
+    lo, hi: inclusive bounds for numbers unless lo_open/hi_open.
+    choices: allowed values for strings.
+    nullable: None is allowed.
+  """
+
+  def __init__(self, kind, lo=None, hi=None, lo_open=False, hi_open=False,
+               choices=None, nullable=False):
+    self.kind = kind
+    self.lo, self.hi = lo, hi
+    self.lo_open, self.hi_open = lo_open, hi_open
+    self.choices = tuple(choices) if choices is not None else None
+    self.nullable = nullable
+
+  def describe(self):
+    """Human text for what the field accepts, e.g. 'an integer >= 1'."""
+    if self.choices is not None:
+      text = 'one of ' + ', '.join(repr(c) for c in self.choices)
+    elif self.kind == 'bool':
+      text = 'true or false'
+    elif self.kind in ('int', 'number'):
+      text = 'an integer' if self.kind == 'int' else 'a number'
+      bounds = []
+      if self.lo is not None:
+        bounds.append(('> ' if self.lo_open else '>= ') + _num(self.lo))
+      if self.hi is not None:
+        bounds.append(('< ' if self.hi_open else '<= ') + _num(self.hi))
+      if bounds:
+        text += ' ' + ' and '.join(bounds)
+    elif self.kind == 'list':
+      text = 'a list'
+    elif self.kind == 'dict':
+      text = 'an object'
+    else:
+      text = 'a string'
+    if self.nullable:
+      text += ' (or null)'
+    return text
+
+  def accepts(self, value):
+    """True when ``value`` satisfies this spec."""
+    if value is None:
+      return self.nullable
+    if self.kind == 'bool':
+      return isinstance(value, bool)
+    if self.kind == 'str':
+      return isinstance(value, str) and (
+        self.choices is None or value in self.choices)
+    if self.kind == 'list':
+      return isinstance(value, list)
+    if self.kind == 'dict':
+      return isinstance(value, dict)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+      return False
+    if self.kind == 'int' and not isinstance(value, numbers.Integral):
+      return False
+    if not math.isfinite(value):
+      return False
+    if self.lo is not None and (value <= self.lo if self.lo_open
+                                else value < self.lo):
+      return False
+    if self.hi is not None and (value >= self.hi if self.hi_open
+                                else value > self.hi):
+      return False
+    return True
+
+
+def _num(x):
+  return str(int(x)) if float(x).is_integer() else repr(x)
+
+
+class Reader:
+  """Reads the fields of one JSON object, remembering which were used.
+
+  Args:
+    obj: the decoded JSON object.
+    source: file name or label, first word of every message.
+    path: dotted path of this object inside the file ('' for the top).
+
+  Raises:
+    ConfigError: when ``obj`` is not an object.
+  """
+
+  def __init__(self, obj, source, path=''):
+    self.source = source
+    self.path = path
+    if not isinstance(obj, dict):
+      raise ConfigError(
+        f'{source}: {self._where()} must be a JSON object, got {_repr(obj)}',
+        source=source, field=path or None, value=obj,
+        allowed='a JSON object')
+    self.obj = obj
+    self._used = set()
+
+  def _where(self, name=None):
+    if name is None:
+      return self.path or 'the top level'
+    return f'{self.path}.{name}' if self.path else name
+
+  def field_path(self, name):
+    """Dotted path of a field of this object."""
+    return self._where(name)
+
+  def get(self, name, spec):
+    """Returns the value of field ``name`` after checking it against ``spec``.
+
+    Raises:
+      ConfigError: the field is missing or its value is not accepted.
+    """
+    self._used.add(name)
+    if name not in self.obj:
+      raise ConfigError(
+        f"{self.source}: missing field '{self._where(name)}' "
+        f'({spec.describe()})',
+        source=self.source, field=self._where(name), allowed=spec.describe())
+    value = self.obj[name]
+    if not spec.accepts(value):
+      self.fail(name, value, spec.describe())
+    return value
+
+  def fail(self, name, value, allowed):
+    """Raises the standard message for a bad value of field ``name``."""
+    raise ConfigError(
+      f"{self.source}: field '{self._where(name)}' = {_repr(value)} is not "
+      f'allowed: {allowed}',
+      source=self.source, field=self._where(name), value=value,
+      allowed=allowed)
+
+  def finish(self):
+    """Rejects fields that were never read (typos, unsupported options).
+
+    Raises:
+      ConfigError: an unknown field is present.
+    """
+    unknown = [k for k in self.obj if k not in self._used]
+    if unknown:
+      allowed = ', '.join(sorted(self._used))
+      raise ConfigError(
+        f"{self.source}: unknown field '{self._where(unknown[0])}' "
+        f'(allowed fields: {allowed})',
+        source=self.source, field=self._where(unknown[0]),
+        value=self.obj[unknown[0]], allowed=allowed)

@@ -1,0 +1,364 @@
+"""The execution (parallelization strategy and options) configuration.
+
+An execution is kept in two forms:
+
+* :class:`Execution`, one execution read from JSON (the Calculon format, 23
+  fields), and
+* :class:`ExecutionColumns`, a struct of numpy arrays with one entry per
+  execution (or any broadcastable shapes, which the search uses to evaluate a
+  whole grid of strategies at once).  Categorical options are stored as small
+  integer codes (see the ``*_NAMES`` tuples).
+
+The rules that make an execution well-defined (``TP * PP * DP ==
+num_procs``, the batch divides evenly...) are written once, vectorized, in
+:data:`RULES`; a single JSON execution is checked as a batch of one.
+"""
+
+from dataclasses import dataclass, asdict, fields as dc_fields
+
+import numpy as np
+
+from calculon.config._schema import Reader, Spec
+from calculon.errors import ConfigError
+
+#: Bytes per element of each supported datatype.
+DATATYPE_BYTES = {'float8': 1, 'float16': 2, 'float32': 4, 'bfloat16': 2}
+DATATYPE_NAMES = tuple(DATATYPE_BYTES)
+ATTENTION_NAMES = ('multihead', 'multiquery')
+RECOMPUTE_NAMES = ('none', 'attn_only', 'full')
+TP_COMM_NAMES = ('ar', 'p2p_rs_ag', 'rs_ag')
+TP_OVERLAP_NAMES = ('none', 'ring', 'pipe')
+
+# Codes used by the engine.
+RECOMPUTE_NONE, RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL = 0, 1, 2
+TP_COMM_AR, TP_COMM_P2P_RS_AG, TP_COMM_RS_AG = 0, 1, 2
+TP_OVERLAP_NONE, TP_OVERLAP_RING, TP_OVERLAP_PIPE = 0, 1, 2
+
+_INT1 = Spec('int', lo=1)
+_INT0 = Spec('int', lo=0)
+_BOOL = Spec('bool')
+
+#: JSON field -> (spec, categorical names or None), in the reference's order.
+FIELD_SPECS = {
+  'num_procs': (_INT1, None),
+  'tensor_par': (_INT1, None),
+  'pipeline_par': (_INT1, None),
+  'data_par': (_INT1, None),
+  'tensor_par_net': (_INT0, None),
+  'pipeline_par_net': (_INT0, None),
+  'data_par_net': (_INT0, None),
+  'batch_size': (_INT1, None),
+  'microbatch_size': (_INT1, None),
+  'datatype': (Spec('str', choices=DATATYPE_NAMES), DATATYPE_NAMES),
+  'fused_activation': (_BOOL, None),
+  'attention_type': (Spec('str', choices=ATTENTION_NAMES), ATTENTION_NAMES),
+  'activation_recompute': (Spec('str', choices=RECOMPUTE_NAMES),
+                           RECOMPUTE_NAMES),
+  'pipeline_interleaving': (_INT1, None),
+  'optimizer_sharding': (_BOOL, None),
+  'tensor_par_comm_type': (Spec('str', choices=TP_COMM_NAMES), TP_COMM_NAMES),
+  'tensor_par_overlap': (Spec('str', choices=TP_OVERLAP_NAMES),
+                         TP_OVERLAP_NAMES),
+  'seq_par_ag_redo': (_BOOL, None),
+  'data_par_overlap': (_BOOL, None),
+  'weight_offload': (_BOOL, None),
+  'activations_offload': (_BOOL, None),
+  'optimizer_offload': (_BOOL, None),
+  'training': (_BOOL, None),
+}
+FIELDS = tuple(FIELD_SPECS)
+
+
+@dataclass(frozen=True)
+class Execution:
+  """One execution strategy, as in Calculon's execution JSON.
+
+  Fields (units): num_procs, tensor_par (TP), pipeline_par (PP), data_par (DP)
+  (processors); tensor_par_net, pipeline_par_net, data_par_net (index of the
+  system's network tier used by each parallelism); batch_size (global batch,
+  samples); microbatch_size (samples); datatype; fused_activation;
+  attention_type; activation_recompute; pipeline_interleaving (model chunks
+  per processor); optimizer_sharding (ZeRO-1 style sharding over DP);
+  tensor_par_comm_type ('ar' all-reduce, 'rs_ag' reduce-scatter/all-gather,
+  i.e. sequence parallelism, 'p2p_rs_ag' RS/AG only at pipeline edges);
+  tensor_par_overlap ('none', 'ring', 'pipe'); seq_par_ag_redo;
+  data_par_overlap; weight_offload, activations_offload, optimizer_offload
+  (to memory tier 2); training (False: inference, forward pass only).
+  """
+  num_procs: int
+  tensor_par: int
+  pipeline_par: int
+  data_par: int
+  tensor_par_net: int
+  pipeline_par_net: int
+  data_par_net: int
+  batch_size: int
+  microbatch_size: int
+  datatype: str
+  fused_activation: bool
+  attention_type: str
+  activation_recompute: str
+  pipeline_interleaving: int
+  optimizer_sharding: bool
+  tensor_par_comm_type: str
+  tensor_par_overlap: str
+  seq_par_ag_redo: bool
+  data_par_overlap: bool
+  weight_offload: bool
+  activations_offload: bool
+  optimizer_offload: bool
+  training: bool
+
+  @classmethod
+  def from_dict(cls, cfg, source='<execution>'):
+    """Reads and validates one execution.
+
+    Raises:
+      ConfigError: a field is missing, unknown, of the wrong type or out of
+        range, or the fields contradict each other (see :data:`RULES`).
+    """
+    reader = Reader(cfg, source)
+    values = {name: reader.get(name, spec)
+              for name, (spec, _) in FIELD_SPECS.items()}
+    reader.finish()
+    exe = cls(**values)
+    check_rules(ExecutionColumns.from_records([values]), source)
+    return exe
+
+  def to_dict(self):
+    """The JSON object of this execution (Calculon format)."""
+    return asdict(self)
+
+  @property
+  def local_batch_size(self):
+    """Samples per data-parallel replica per batch."""
+    return self.batch_size // self.data_par
+
+  @property
+  def num_microbatches(self):
+    """Microbatches per replica per batch."""
+    return self.local_batch_size // self.microbatch_size
+
+
+class ExecutionColumns:
+  """Executions as a struct of numpy arrays (one attribute per field).
+
+  Integer fields are int64 arrays, flags are bool arrays, categorical fields
+  are int64 codes into the ``*_NAMES`` tuples (``datatype`` indexes
+  :data:`DATATYPE_NAMES`).  Arrays may have any mutually broadcastable shapes.
+  """
+
+  def __init__(self, **columns):
+    missing = [f for f in FIELDS if f not in columns]
+    if missing:
+      raise TypeError(f'missing execution columns: {missing}')
+    for name in FIELDS:
+      setattr(self, name, columns[name])
+
+  @property
+  def shape(self):
+    """Broadcast shape of all columns."""
+    return np.broadcast_shapes(*(np.shape(getattr(self, f)) for f in FIELDS))
+
+  @classmethod
+  def from_records(cls, records):
+    """Builds columns from dicts already checked against FIELD_SPECS."""
+    cols = {}
+    for name, (spec, names) in FIELD_SPECS.items():
+      vals = [r[name] for r in records]
+      if names is not None:
+        cols[name] = np.array([names.index(v) for v in vals], dtype=np.int64)
+      elif spec.kind == 'bool':
+        cols[name] = np.array(vals, dtype=bool)
+      else:
+        cols[name] = np.array(vals, dtype=np.int64)
+    return cls(**cols)
+
+  @classmethod
+  def from_frame(cls, frame, source='<executions>'):
+    """Builds columns from a pandas DataFrame with the 23 execution fields.
+
+    Extra columns are ignored.  Values are checked column by column.
+
+    Raises:
+      ConfigError: a column is missing or holds a value its field does not
+        accept (the message names the first offending row).
+    """
+    cols = {}
+    n = len(frame)
+    for name, (spec, names) in FIELD_SPECS.items():
+      if name not in frame.columns:
+        raise ConfigError(
+          f"{source}: missing column '{name}' ({spec.describe()})",
+          source=source, field=name, allowed=spec.describe())
+      raw = frame[name].to_numpy()
+      if names is not None:
+        codes = np.full(n, -1, dtype=np.int64)
+        as_str = raw.astype(object)
+        for i, label in enumerate(names):
+          codes[as_str == label] = i
+        bad = codes < 0
+        arr = codes
+      elif spec.kind == 'bool':
+        if raw.dtype == bool:
+          arr, bad = raw, np.zeros(n, dtype=bool)
+        else:
+          obj = raw.astype(object)
+          is_bool = np.array([isinstance(v, (bool, np.bool_)) for v in obj],
+                             dtype=bool)
+          arr = np.where(is_bool, obj, False).astype(bool)
+          bad = ~is_bool
+      else:
+        if raw.dtype.kind in 'iu':
+          arr = raw.astype(np.int64)
+          bad = np.zeros(n, dtype=bool)
+        else:
+          obj = raw.astype(object)
+          is_int = np.array([isinstance(v, (int, np.integer))
+                             and not isinstance(v, (bool, np.bool_))
+                             for v in obj], dtype=bool)
+          arr = np.where(is_int, obj, 0).astype(np.int64)
+          bad = ~is_int
+        bad |= arr < (spec.lo if spec.lo is not None else -2**62)
+      if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise ConfigError(
+          f"{source}: row {frame.index[row]!r}: field '{name}' = "
+          f'{raw[row]!r} is not allowed: {spec.describe()} '
+          f'({int(bad.sum())} bad rows)',
+          source=source, field=name, value=raw[row], allowed=spec.describe())
+      cols[name] = arr
+    return cls(**cols)
+
+  def record(self, index=()):
+    """The execution at ``index`` as a JSON-ready dict (Calculon format)."""
+    out = {}
+    for name, (spec, names) in FIELD_SPECS.items():
+      arr = np.broadcast_to(getattr(self, name), self.shape)
+      value = arr[index]
+      if names is not None:
+        out[name] = names[int(value)]
+      elif spec.kind == 'bool':
+        out[name] = bool(value)
+      else:
+        out[name] = int(value)
+    return out
+
+  def to_frame(self):
+    """All executions as a pandas DataFrame (flattened, Calculon values)."""
+    import pandas as pd
+    shape = self.shape
+    data = {}
+    for name, (spec, names) in FIELD_SPECS.items():
+      arr = np.broadcast_to(getattr(self, name), shape).reshape(-1)
+      if names is not None:
+        data[name] = np.asarray(names, dtype=object)[arr]
+      else:
+        data[name] = arr
+    return pd.DataFrame(data)
+
+
+@dataclass(frozen=True)
+class Rule:
+  """One consistency rule between execution fields.
+
+  ``bad(c)`` returns a boolean mask of executions that break the rule;
+  ``message(c, i)`` explains the failure of execution ``i`` (an index into the
+  broadcast shape) naming the field, its value and what is allowed.
+  """
+  field: str
+  bad: object
+  message: object
+
+
+def _v(c, name, i):
+  arr = np.broadcast_to(getattr(c, name), c.shape)
+  return arr[i]
+
+
+RULES = (
+  Rule('num_procs',
+       lambda c: c.num_procs != c.tensor_par * c.pipeline_par * c.data_par,
+       lambda c, i: f"= {_v(c, 'num_procs', i)} is not allowed: must equal "
+       f"tensor_par * pipeline_par * data_par = {_v(c, 'tensor_par', i)} * "
+       f"{_v(c, 'pipeline_par', i)} * {_v(c, 'data_par', i)}"),
+  Rule('batch_size',
+       lambda c: c.batch_size % c.data_par != 0,
+       lambda c, i: f"= {_v(c, 'batch_size', i)} is not allowed: must be a "
+       f"multiple of data_par = {_v(c, 'data_par', i)}"),
+  Rule('microbatch_size',
+       lambda c: (c.batch_size // c.data_par) % c.microbatch_size != 0,
+       lambda c, i: f"= {_v(c, 'microbatch_size', i)} is not allowed: must "
+       f"divide the local batch size batch_size / data_par = "
+       f"{_v(c, 'batch_size', i) // _v(c, 'data_par', i)}"),
+  Rule('activation_recompute',
+       lambda c: (c.activation_recompute != RECOMPUTE_NONE) & ~c.training,
+       lambda c, i: f"= {RECOMPUTE_NAMES[_v(c, 'activation_recompute', i)]!r}"
+       " is not allowed: recomputation exists only when training; use "
+       "'none' with training = false"),
+  Rule('pipeline_interleaving',
+       lambda c: (c.pipeline_par == 1) & (c.pipeline_interleaving != 1),
+       lambda c, i: f"= {_v(c, 'pipeline_interleaving', i)} is not allowed: "
+       "must be 1 when pipeline_par = 1"),
+  Rule('optimizer_sharding',
+       lambda c: c.optimizer_sharding & (c.data_par <= 1),
+       lambda c, i: '= True is not allowed: optimizer sharding needs '
+       'data_par > 1'),
+  Rule('tensor_par_overlap',
+       lambda c: (c.tensor_par_overlap != TP_OVERLAP_NONE) & (c.tensor_par <= 1),
+       lambda c, i: f"= {TP_OVERLAP_NAMES[_v(c, 'tensor_par_overlap', i)]!r} "
+       "is not allowed: TP communication overlap needs tensor_par > 1; use "
+       "'none'"),
+  Rule('seq_par_ag_redo',
+       lambda c: c.seq_par_ag_redo & (c.tensor_par_comm_type != TP_COMM_RS_AG),
+       lambda c, i: '= True is not allowed: redoing the all-gather needs '
+       "tensor_par_comm_type = 'rs_ag' (sequence parallelism)"),
+  Rule('seq_par_ag_redo',
+       lambda c: c.seq_par_ag_redo & (c.activation_recompute == RECOMPUTE_FULL),
+       lambda c, i: '= True is not allowed with activation_recompute = '
+       "'full' (full recomputation already redoes the all-gather)"),
+  Rule('data_par_overlap',
+       lambda c: c.data_par_overlap & ~c.training,
+       lambda c, i: '= True is not allowed: DP communication exists only '
+       'when training'),
+  Rule('data_par_overlap',
+       lambda c: c.data_par_overlap & (c.data_par <= 1),
+       lambda c, i: '= True is not allowed: DP overlap needs data_par > 1'),
+  Rule('optimizer_offload',
+       lambda c: c.optimizer_offload & ~c.training,
+       lambda c, i: '= True is not allowed: the optimizer runs only when '
+       'training'),
+)
+
+
+def rule_violations(columns):
+  """Boolean mask (broadcast shape) of executions breaking any rule."""
+  bad = np.zeros(columns.shape, dtype=bool)
+  for rule in RULES:
+    bad |= rule.bad(columns)
+  return bad
+
+
+def check_rules(columns, source='<execution>'):
+  """Raises ConfigError for the first execution that breaks a rule.
+
+  Raises:
+    ConfigError: names the source, the execution (for batches), the field,
+      its value and what is allowed.
+  """
+  with np.errstate(divide='ignore'):
+    for rule in RULES:
+      bad = np.broadcast_to(rule.bad(columns), columns.shape)
+      if bad.any():
+        i = tuple(int(x) for x in np.argwhere(bad)[0])
+        where = f' execution {i[0] if len(i) == 1 else i}:' \
+          if columns.shape not in ((), (1,)) else ''
+        field = rule.field
+        raise ConfigError(
+          f"{source}:{where} field '{field}' {rule.message(columns, i)}",
+          source=source, field=field, value=_v(columns, field, i))
+
+
+def execution_field_names():
+  """Names of the 23 execution fields in Calculon's order."""
+  return tuple(f.name for f in dc_fields(Execution))

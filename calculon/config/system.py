@@ -1,0 +1,201 @@
+"""The system (processor, memory tiers, network tiers) configuration.
+
+Units follow Calculon's JSON: TFLOP/s and GFLOP thresholds for processors
+(SI), GiB (binary) capacity and GB/s (SI) bandwidth and MB (SI) thresholds
+for memories, GB/s (SI) bandwidth and seconds of latency for networks.
+"""
+
+from dataclasses import dataclass
+
+from calculon.config._schema import Reader, Spec
+from calculon.config.execution import DATATYPE_NAMES
+from calculon.errors import ConfigError
+
+PROCESSING_MODES = ('roofline', 'no_overlap')
+NETWORK_OPS = ('p2p', 'reduce_scatter', 'all_gather', 'all_reduce')
+COLLECTIVES = ('reduce_scatter', 'all_gather', 'all_reduce')
+
+
+@dataclass(frozen=True)
+class EfficiencyCurve:
+  """A step function size -> efficiency.
+
+  ``points`` is a tuple of (threshold, efficiency) sorted by threshold,
+  largest first, ending at threshold 0; an operation of size x gets the
+  efficiency of the first point whose threshold is <= x (Calculon's rule).
+  Thresholds are in base units (FLOP or bytes).
+  """
+  points: tuple
+
+  @classmethod
+  def read(cls, reader, name, unit_scale, unit):
+    """Reads a list of [threshold, efficiency] pairs from field ``name``.
+
+    Raises:
+      ConfigError: not a list of pairs, an efficiency outside (0, 1],
+        thresholds not strictly decreasing, or no threshold 0 at the end.
+    """
+    raw = reader.get(name, Spec('list'))
+    allowed = (f'a list of [{unit}, efficiency] pairs, {unit} strictly '
+               'decreasing and ending at 0, efficiency > 0 and <= 1')
+    points = []
+    for pair in raw:
+      ok = (isinstance(pair, list) and len(pair) == 2
+            and Spec('number', lo=0).accepts(pair[0])
+            and Spec('number', lo=0, lo_open=True, hi=1).accepts(pair[1]))
+      if not ok:
+        reader.fail(name, pair, allowed)
+      points.append((float(pair[0]) * unit_scale, float(pair[1])))
+    if not points:
+      reader.fail(name, raw, allowed)
+    for (a, _), (b, _) in zip(points, points[1:]):
+      if not b < a:
+        reader.fail(name, raw, allowed)
+    if points[-1][0] != 0:
+      reader.fail(name, raw, allowed + ' (sizes below the last threshold '
+                  'would have no efficiency)')
+    return cls(tuple(points))
+
+
+@dataclass(frozen=True)
+class ProcessorConfig:
+  """Peak FLOP/s and efficiency curve per datatype for one engine.
+
+  ``peak_flops[dtype]`` is in FLOP/s (JSON ``tflops`` * 1e12);
+  ``efficiency[dtype]`` is an :class:`EfficiencyCurve` over FLOP per
+  operation (JSON ``gflops_efficiency`` thresholds * 1e9).
+  """
+  peak_flops: dict
+  efficiency: dict
+
+  @classmethod
+  def read(cls, reader, name):
+    obj = reader.get(name, Spec('dict'))
+    sub = Reader(obj, reader.source, reader.field_path(name))
+    peak, eff = {}, {}
+    for dtype in obj:
+      if dtype not in DATATYPE_NAMES:
+        sub.fail(dtype, obj[dtype],
+                 'datatype keys must be one of ' +
+                 ', '.join(repr(d) for d in DATATYPE_NAMES))
+      sub.get(dtype, Spec('dict'))
+      dreader = Reader(obj[dtype], reader.source, sub.field_path(dtype))
+      peak[dtype] = dreader.get('tflops', Spec('number', lo=0, lo_open=True)) \
+        * 1e12
+      eff[dtype] = EfficiencyCurve.read(dreader, 'gflops_efficiency', 1e9,
+                                        'GFLOP')
+      dreader.finish()
+    return cls(peak, eff)
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+  """One memory tier.
+
+  capacity_bytes: JSON ``GiB`` * 2**30 (binary).
+  bandwidth_bytes_per_s: JSON ``GBps`` * 1e9 (SI).
+  efficiency: curve over bytes per access (JSON ``MB_efficiency`` * 1e6).
+  """
+  capacity_bytes: float
+  bandwidth_bytes_per_s: float
+  efficiency: EfficiencyCurve
+
+  @classmethod
+  def read(cls, reader, name):
+    sub = Reader(reader.get(name, Spec('dict')), reader.source,
+                 reader.field_path(name))
+    cap = sub.get('GiB', Spec('number', lo=0)) * 1024 ** 3
+    bw = sub.get('GBps', Spec('number', lo=0, lo_open=True)) * 1e9
+    eff = EfficiencyCurve.read(sub, 'MB_efficiency', 1e6, 'MB')
+    sub.finish()
+    return cls(cap, bw, eff)
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+  """One network tier.
+
+  bandwidth_bytes_per_s: JSON ``bandwidth`` (GB/s) * 1e9.
+  efficiency: fraction of bandwidth achieved, (0, 1].
+  size: processors the tier connects.
+  latency_s: per operation, seconds.
+  ops: op name -> (scalar, offset): an operation of n bytes among p peers
+    moves n * scalar * (1 + offset / p) bytes (offset 0 for p2p).
+  must_be_filled: a parallelism using it must divide its size.
+  processor_usage: fraction of compute used to drive communication, [0, 1).
+  """
+  bandwidth_bytes_per_s: float
+  efficiency: float
+  size: int
+  latency_s: float
+  ops: dict
+  must_be_filled: bool
+  processor_usage: float
+
+  @classmethod
+  def read(cls, obj, source, path):
+    sub = Reader(obj, source, path)
+    bw = sub.get('bandwidth', Spec('number', lo=0, lo_open=True)) * 1e9
+    eff = sub.get('efficiency', Spec('number', lo=0, lo_open=True, hi=1))
+    size = sub.get('size', Spec('int', lo=0))
+    latency = sub.get('latency', Spec('number', lo=0))
+    ops_obj = sub.get('ops', Spec('dict'))
+    ops_reader = Reader(ops_obj, source, sub.field_path('ops'))
+    ops = {}
+    for op in NETWORK_OPS:
+      pair = ops_reader.get(op, Spec('list'))
+      collective = op in COLLECTIVES
+      allowed = ('[scalar > 0, offset number]' if collective
+                 else '[scalar > 0, null]')
+      ok = (len(pair) == 2 and Spec('number', lo=0, lo_open=True)
+            .accepts(pair[0]) and (Spec('number').accepts(pair[1])
+                                   if collective else pair[1] is None))
+      if not ok:
+        ops_reader.fail(op, pair, allowed)
+      ops[op] = (float(pair[0]), float(pair[1]) if collective else 0.0)
+    ops_reader.finish()
+    filled = sub.get('must_be_filled', Spec('bool'))
+    usage = sub.get('processor_usage', Spec('number', lo=0, hi=1, hi_open=True))
+    sub.finish()
+    return cls(bw, float(eff), int(size), float(latency), ops, filled,
+               float(usage))
+
+
+@dataclass(frozen=True)
+class SystemConfig:
+  """A whole system: matrix and vector engines, two memory tiers, networks."""
+  matrix: ProcessorConfig
+  vector: ProcessorConfig
+  mem1: MemoryConfig
+  mem2: MemoryConfig
+  processing_mode: str
+  networks: tuple
+
+  @classmethod
+  def from_dict(cls, cfg, source='<system>'):
+    """Reads and validates a system.
+
+    Raises:
+      ConfigError: any field missing, unknown, or out of range; a datatype
+        given for only one of matrix/vector.
+    """
+    reader = Reader(cfg, source)
+    matrix = ProcessorConfig.read(reader, 'matrix')
+    vector = ProcessorConfig.read(reader, 'vector')
+    mem1 = MemoryConfig.read(reader, 'mem1')
+    mem2 = MemoryConfig.read(reader, 'mem2')
+    mode = reader.get('processing_mode', Spec('str', choices=PROCESSING_MODES))
+    nets = reader.get('networks', Spec('list'))
+    if not nets:
+      reader.fail('networks', nets, 'a non-empty list of network tiers')
+    networks = tuple(NetworkConfig.read(n, source, f'networks[{i}]')
+                     for i, n in enumerate(nets))
+    reader.finish()
+    if set(matrix.peak_flops) != set(vector.peak_flops):
+      diff = sorted(set(matrix.peak_flops) ^ set(vector.peak_flops))
+      raise ConfigError(
+        f"{source}: field 'matrix'/'vector': datatype {diff[0]!r} must be "
+        'given for both the matrix and the vector engine',
+        source=source, field='matrix', value=diff[0],
+        allowed='the same datatypes in matrix and vector')
+    return cls(matrix, vector, mem1, mem2, mode, networks)

@@ -1,0 +1,98 @@
+"""The system: engines, memory tiers, networks and how compute overlaps memory.
+"""
+
+import numpy as np
+
+from calculon.config.execution import DATATYPE_BYTES, DATATYPE_NAMES
+from calculon.config.system import SystemConfig
+from calculon.errors import ConfigError
+from calculon.hardware.memory import Memory
+from calculon.hardware.network import Networks
+from calculon.hardware.processor import Processor
+
+
+class System:
+  """A processor with a matrix and a vector engine, two memory tiers and
+  network tiers.
+
+  Calculon-compatible: ``System(cfg_dict)``.
+
+  Args:
+    cfg: the system JSON object (dict) or a :class:`SystemConfig`.
+    source: file name or label used in error messages.
+
+  Raises:
+    ConfigError: the configuration is invalid.
+  """
+
+  #: Calculon-compatible table of bytes per element.
+  TypeSizes = dict(DATATYPE_BYTES)
+
+  def __init__(self, cfg, source='<system>'):
+    if not isinstance(cfg, SystemConfig):
+      self.cfg = cfg
+      cfg = SystemConfig.from_dict(cfg, source)
+    else:
+      self.cfg = None
+    self.config = cfg
+    self.matrix = Processor(cfg.matrix)
+    self.vector = Processor(cfg.vector)
+    self.mem1 = Memory(cfg.mem1)
+    self.mem2 = Memory(cfg.mem2)
+    self.proc_mode = cfg.processing_mode
+    self.networks = Networks(cfg.networks)
+    self.datatype = None
+
+  @staticmethod
+  def supported_datatypes():
+    """Datatype names the model knows."""
+    return list(DATATYPE_NAMES)
+
+  @property
+  def num_networks(self):
+    return len(self.networks)
+
+  def get_network(self, tier):
+    """The :class:`~calculon.hardware.network.Network` of tier ``tier``.
+
+    Raises:
+      ConfigError: no such tier.
+    """
+    if not 0 <= tier < len(self.networks):
+      raise ConfigError(
+        f'network tier {tier} does not exist: the system has '
+        f'{len(self.networks)} tiers (0 to {len(self.networks) - 1})',
+        field='network', value=tier)
+    return self.networks.tiers[tier]
+
+  def set_datatype(self, datatype):
+    """Calculon-compatible: remembers a datatype (checked here)."""
+    self.check_datatype(datatype)
+    self.datatype = datatype
+
+  def check_datatype(self, datatype):
+    """Raises ConfigError unless both engines support ``datatype`` (name)."""
+    if datatype not in DATATYPE_BYTES:
+      raise ConfigError(f'unsupported datatype {datatype!r}; supported: '
+                        + ', '.join(DATATYPE_NAMES), field='datatype',
+                        value=datatype)
+    code = DATATYPE_NAMES.index(datatype)
+    if not (self.matrix.supports(code) and self.vector.supports(code)):
+      have = sorted(self.config.matrix.peak_flops)
+      raise ConfigError(
+        f"datatype {datatype!r} is not supported by this system "
+        f"(its processors give throughput for: {', '.join(have)})",
+        field='datatype', value=datatype, allowed=', '.join(have))
+
+  def processing_time_s(self, flops_time_s, mem_time_s):
+    """Time of an operation given its compute and memory times.
+
+    'roofline': max of the two (perfect overlap); 'no_overlap': their sum.
+    """
+    if self.proc_mode == 'roofline':
+      return np.maximum(flops_time_s, mem_time_s)
+    return flops_time_s + mem_time_s
+
+  def offload_time_s(self, size_bytes):
+    """Seconds to move ``size_bytes`` to or from memory tier 2."""
+    return self.mem2.time_s(size_bytes)

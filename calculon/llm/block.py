@@ -1,0 +1,302 @@
+"""One transformer block: its layer list and its per-microbatch totals.
+
+:func:`build_block` compiles the block of a (batch of) execution(s) into a
+list of :mod:`~calculon.llm.layers`.  The list is the union of the block's
+structural variants (TP overlap on or off, multi-head or multi-query
+attention); a layer that exists only in some variants carries a ``present``
+mask.  :class:`BlockTotals` then adds the layers up, exactly in Calculon's
+order, into per-block, per-microbatch totals.
+"""
+
+import numpy as np
+
+from calculon.config.execution import (
+  RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, TP_OVERLAP_NONE)
+from calculon.llm.layers import (
+  flag, negate, BatchMatMul, DropOut, ElementWise, Fork, GeLU, LayerNorm, Linear,
+  LinearOverlapped, SoftMax, TPComm)
+
+
+def _mask(cond):
+  """A Python bool for 0-d conditions (so absent layers can be dropped)."""
+  if np.ndim(cond) == 0:
+    return bool(cond)
+  return cond
+
+
+def build_block(app, exe, ctx):
+  """The layers of one block for executions ``exe``.
+
+  Args:
+    app: the :class:`~calculon.config.Application`.
+    exe: :class:`~calculon.config.ExecutionColumns`.
+    ctx: the :class:`~calculon.llm.layers.BlockContext`.
+
+  Returns:
+    list of layers in execution order; layers absent for every execution are
+    left out (so a single run gets exactly its own layer list).
+
+  Layer sequence (Megatron-LM block; Korthikanti et al. 2022, figure 4):
+  attention: fork, layer norm, f, Q/K/V projections, scores, softmax,
+  dropout, context, output projection, g, dropout, residual; MLP: fork,
+  layer norm, f, MLP1, GeLU, MLP2, g, dropout, residual.
+  """
+  tp = ctx.tp
+  mbs = exe.microbatch_size
+  h, s = app.hidden, app.seq_size
+  heads, head_size = app.attn_heads, app.attn_size
+  batch_seq = mbs * s
+  act = batch_seq * h                       # full activation, elements
+  act_sp = (batch_seq // tp) * h            # sequence-parallel shard
+  act_in = np.where(ctx.seq_par, act_sp, act)
+  if np.ndim(act_in) == 0:
+    act_in = act_in[()]
+
+  full = exe.activation_recompute == RECOMPUTE_FULL
+  attn_re = exe.activation_recompute != RECOMPUTE_NONE  # full or attn_only
+  attn_recomm = attn_re | exe.seq_par_ag_redo
+  mlp_recomm = full | exe.seq_par_ag_redo
+  plain = exe.tensor_par_overlap == TP_OVERLAP_NONE
+  overlap = ~plain
+  multiquery = exe.attention_type == 1
+  multihead = ~multiquery
+  qkv_width = heads * head_size
+
+  layers = []
+
+  def add(layer_cls, name, *args, present=True, **kw):
+    present = _mask(present)
+    if present is False:
+      return
+    layers.append(layer_cls(name, ctx, *args, present=present, **kw))
+
+  # -- attention ---------------------------------------------------------------
+  add(Fork, 'AttnBlock_Fork', act_in, 2, recompute=full,
+      activation_stored=True)
+  add(LayerNorm, 'AttnBlock_LayerNorm', act_in, h, recompute=full,
+      activation_stored=False, activation_reused=True)
+  add(TPComm, 'AttnBlock_F', act, False, recomm=attn_recomm, present=plain)
+  add(Fork, 'AttnBlock_Multihead_Fork', act, 3, recompute=attn_recomm,
+      activation_stored=~attn_recomm, present=plain)
+  add(Linear, 'AttnBlock_Query', batch_seq, h, qkv_width // tp,
+      recompute=full, activation_stored=False, activation_reused=True,
+      present=plain)
+  add(LinearOverlapped, 'AttnBlock_QKV_AG', batch_seq, h, qkv_width * 3,
+      False, recompute=full, recomm=attn_recomm,
+      present=overlap & multihead)
+  add(LinearOverlapped, 'AttnBlock_Query_AG', batch_seq, h, qkv_width, False,
+      recompute=full, recomm=attn_recomm, present=overlap & multiquery)
+  add(Fork, 'AttnBlock_KV_Fork', act, 2, recompute=attn_recomm,
+      activation_stored=~attn_recomm, present=overlap & multiquery)
+  kv_width = np.where(plain & multihead, qkv_width // tp, head_size)
+  for name in ('AttnBlock_Key', 'AttnBlock_Value'):
+    add(Linear, name, batch_seq, h, kv_width, recompute=full,
+        activation_stored=False, activation_reused=True,
+        present=plain | multiquery)
+  heads_local = mbs * heads // tp
+  scores = heads // tp * s ** 2 * mbs
+  add(BatchMatMul, 'AttnBlock_Multihead_Key_Query', heads_local, s,
+      head_size, s, recompute=attn_re, output_stored=~attn_re)
+  add(SoftMax, 'AttnBlock_Multihead_SoftMax', scores, recompute=attn_re,
+      output_stored=~attn_re)
+  add(DropOut, 'AttnBlock_Multihead_DropOut', scores, recompute=attn_re,
+      activation_stored=~attn_re)
+  add(BatchMatMul, 'AttnBlock_Multihead_Attn', heads_local, s, s,
+      qkv_width // heads, recompute=full)
+  add(Linear, 'AttnBlock_MLP', batch_seq, qkv_width // tp, h, recompute=full,
+      present=plain)
+  add(TPComm, 'AttnBlock_G', act, True, recomm=full, activation_stored=False,
+      present=plain)
+  add(LinearOverlapped, 'AttnBlock_MLP_RS', batch_seq, qkv_width, h, True,
+      recompute=full, recomm=full, present=overlap)
+  add(DropOut, 'AttnBlock_DropOut', act_in, recompute=full)
+  add(ElementWise, 'AttnBlock_Residual', act_in, act_in, recompute=full,
+      activation_stored=False, activation_reused=True)
+
+  # -- MLP ---------------------------------------------------------------------
+  ff = app.feedforward
+  add(Fork, 'MlpBlock_Fork', act_in, 2, recompute=full,
+      activation_stored=True)
+  add(LayerNorm, 'MlpBlock_LayerNorm', act_in, h, recompute=full,
+      activation_stored=False, activation_reused=True)
+  add(TPComm, 'MlpBlock_F', act, False, recomm=mlp_recomm, present=plain)
+  add(Linear, 'MlpBlock_Mlp1', batch_seq, h, ff // tp, recompute=full,
+      activation_stored=~mlp_recomm, present=plain)
+  add(LinearOverlapped, 'MlpBlock_Mlp1_AG', batch_seq, h, ff, False,
+      recompute=full, recomm=mlp_recomm, present=overlap)
+  add(GeLU, 'MlpBlock_GeLU', ff * batch_seq // tp, exe.fused_activation,
+      recompute=full)
+  add(Linear, 'MlpBlock_Mlp2', batch_seq, ff // tp, h, recompute=full,
+      present=plain)
+  add(TPComm, 'MlpBlock_G', act, True, recomm=full, activation_stored=False,
+      present=plain)
+  add(LinearOverlapped, 'MlpBlock_Mlp2_RS', batch_seq, ff, h, True,
+      recompute=full, recomm=full, present=overlap)
+  add(DropOut, 'MlpBlock_DropOut', act_in, recompute=full)
+  add(ElementWise, 'MlpBlock_Residual', act_in, act_in, recompute=full,
+      activation_stored=False, activation_reused=True)
+  return layers
+
+
+class _Sum:
+  """Running masked sum in layer order (bit-identical to a Python loop)."""
+
+  def __init__(self):
+    self.value = 0
+
+  def add(self, x, present=True, cond=True):
+    if cond is False:
+      return
+    mask = _and(present, cond)
+    if mask is False:
+      return
+    if mask is not True:
+      x = np.where(mask, x, 0.0)
+    self.value = self.value + x
+
+
+def _and(a, b):
+  """Logical and of two flags, keeping Python bools when possible."""
+  if a is True:
+    return b
+  if b is True:
+    return a
+  if a is False or b is False:
+    return False
+  return a & b
+
+
+class BlockTotals:
+  """Per-microbatch totals of one block, in Calculon's accumulation order.
+
+  Attributes (arrays; FLOP, bytes, seconds; ``base``/``edge``: the block in
+  the middle / at the end of a pipeline chunk, whose TP communication may
+  differ with p2p_rs_ag):
+
+    fw_flops, fw_flops_time, fw_mem_bytes, fw_mem_time, fw_time;
+    re_* (recomputation), agrad_*, wgrad_*, optim_* likewise;
+    {base,edge}_{fw,agrad}_tp_{bytes,time,exposed},
+    {base,edge}_recomm_{bytes,time,exposed};
+    tp_bw_overlap_req (bytes/s);
+    weight_bytes, act_working_bytes, act_storage_bytes, weight_grad_bytes,
+    weight_grad_unsharded_bytes, act_grad_bytes, optimizer_bytes.
+
+  Note: the recompute FLOP and bytes (``re_flops``, ``re_flops_time``,
+  ``re_mem_bytes``, ``re_mem_time``) add the block's running forward totals
+  at each recomputed layer, as Calculon does (its issue #5); see
+  docs/differences-from-calculon.md.
+  """
+
+  _STAGE_KEYS = ('flops', 'flops_time', 'mem_bytes', 'mem_time', 'time')
+
+  def __init__(self, layers, training, recompute_full):
+    names = []
+    for stage in ('fw', 're', 'agrad', 'wgrad', 'optim'):
+      names += [f'{stage}_{k}' for k in self._STAGE_KEYS]
+    for phase in ('fw_tp', 'agrad_tp', 'recomm'):
+      for where_ in ('base', 'edge'):
+        names += [f'{where_}_{phase}_{k}' for k in ('bytes', 'time',
+                                                     'exposed')]
+    names += ['weight_bytes', 'act_working_bytes', 'act_storage_bytes',
+              'weight_grad_bytes', 'weight_grad_unsharded_bytes',
+              'act_grad_bytes', 'optimizer_bytes', 'useful_bw_flops']
+    acc = {n: _Sum() for n in names}
+    tp_req = 0.0
+    train = flag(training)
+
+    for layer in layers:
+      p = layer.present
+      fw_flops = layer.flops('fw')
+      acc['fw_flops'].add(fw_flops, p)
+      acc['fw_flops_time'].add(layer.flops_time_s('fw'), p)
+      acc['fw_mem_bytes'].add(layer.mem_bytes('fw'), p)
+      acc['fw_mem_time'].add(layer.mem_time_s('fw'), p)
+      acc['fw_time'].add(layer.processing_time_s('fw'), p)
+      for w, edge in (('base', False), ('edge', True)):
+        acc[f'{w}_fw_tp_bytes'].add(layer.comm_bytes('fw', edge), p)
+        acc[f'{w}_fw_tp_time'].add(layer.net_time_s('fw', edge), p)
+      for w, edge in (('base', False), ('edge', True)):
+        acc[f'{w}_fw_tp_exposed'].add(layer.exposed_net_time_s('fw', edge), p)
+      tp_req = _max_masked(tp_req, layer, 'fw', p)
+
+      if train is not False:
+        rec = layer.recompute
+        if rec is not False:
+          c = _and(train, rec)
+          # Calculon adds the running totals here (its issue #5).
+          acc['re_flops'].add(acc['fw_flops'].value, p, c)
+          acc['re_flops_time'].add(acc['fw_flops_time'].value, p, c)
+          acc['re_mem_bytes'].add(acc['fw_mem_bytes'].value, p, c)
+          acc['re_mem_time'].add(acc['fw_mem_time'].value, p, c)
+          acc['re_time'].add(layer.processing_time_s('fw'), p, c)
+        rcm = layer.recomm
+        if rcm is not False:
+          c = _and(train, rcm)
+          for w, edge in (('base', False), ('edge', True)):
+            acc[f'{w}_recomm_bytes'].add(layer.comm_bytes('wgrad', edge), p, c)
+          for w, edge in (('base', False), ('edge', True)):
+            acc[f'{w}_recomm_time'].add(layer.net_time_s('wgrad', edge), p, c)
+          for w, edge in (('base', False), ('edge', True)):
+            acc[f'{w}_recomm_exposed'].add(layer.recomm_exposed_time_s(edge),
+                                           p, c)
+        t = train
+        acc['agrad_flops'].add(layer.flops('agrad'), p, t)
+        acc['agrad_flops_time'].add(layer.flops_time_s('agrad'), p, t)
+        acc['agrad_mem_bytes'].add(layer.mem_bytes('agrad'), p, t)
+        acc['agrad_mem_time'].add(layer.mem_time_s('agrad'), p, t)
+        acc['agrad_time'].add(layer.processing_time_s('agrad'), p, t)
+        for w, edge in (('base', False), ('edge', True)):
+          acc[f'{w}_agrad_tp_bytes'].add(layer.comm_bytes('agrad', edge), p, t)
+        for w, edge in (('base', False), ('edge', True)):
+          acc[f'{w}_agrad_tp_time'].add(layer.net_time_s('agrad', edge), p, t)
+        for w, edge in (('base', False), ('edge', True)):
+          acc[f'{w}_agrad_tp_exposed'].add(
+            layer.exposed_net_time_s('agrad', edge), p, t)
+        tp_req = _max_masked(tp_req, layer, 'agrad', _and(p, t))
+        acc['useful_bw_flops'].add(layer.flops('agrad') + layer.flops('wgrad')
+                                   + layer.flops('optim'), p, t)
+        for stage in ('wgrad', 'optim'):
+          acc[f'{stage}_flops'].add(layer.flops(stage), p, t)
+          acc[f'{stage}_flops_time'].add(layer.flops_time_s(stage), p, t)
+          acc[f'{stage}_mem_bytes'].add(layer.mem_bytes(stage), p, t)
+          acc[f'{stage}_mem_time'].add(layer.mem_time_s(stage), p, t)
+          acc[f'{stage}_time'].add(layer.processing_time_s(stage), p, t)
+
+      # Memory kept per block.
+      acc['weight_bytes'].add(layer.weight_bytes(), p)
+      act = layer.activation_bytes()
+      if layer.activation_reused is not True:
+        acc['act_working_bytes'].add(act, p, negate(layer.activation_reused))
+      acc['act_storage_bytes'].add(act, p)
+      if train is not False:
+        for kept, size in ((layer.output_stored, layer.output_bytes()),
+                           (layer.activation_stored, act)):
+          dropped = negate(kept)
+          if dropped is not False:
+            acc['act_storage_bytes'].add(-size, p, _and(train, dropped))
+        acc['weight_grad_bytes'].add(layer.weight_grad_bytes(), p, train)
+        acc['weight_grad_unsharded_bytes'].add(
+          layer.weight_grad_bytes(sharded=False), p, train)
+        acc['act_grad_bytes'].add(layer.activation_grad_bytes(), p, train)
+        acc['optimizer_bytes'].add(layer.optimizer_bytes(), p, train)
+
+    for name, total in acc.items():
+      setattr(self, name, total.value)
+    self.tp_bw_overlap_req = tp_req
+    # With full recomputation only the checkpoint is stored.
+    self.act_storage_bytes = np.where(recompute_full, 0, self.act_storage_bytes)
+    if np.ndim(self.act_storage_bytes) == 0:
+      self.act_storage_bytes = self.act_storage_bytes[()]
+
+
+def _max_masked(current, layer, stage, present):
+  """Running max of the bandwidth needed to hide tiled TP communication
+  (Python's max keeps the first of equal values; NaN-safe like it)."""
+  for edge in (False, True):
+    req = layer.required_bw_bytes_per_s(stage, edge)
+    if isinstance(req, float) and req == 0.0:
+      continue
+    if present is not True:
+      req = np.where(present, req, 0.0)
+    current = np.where(req > current, req, current)
+  return current

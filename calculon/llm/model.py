@@ -1,0 +1,823 @@
+"""Time, memory and efficiency of one training (or inference) batch.
+
+:class:`Evaluation` prices executions given as
+:class:`~calculon.config.ExecutionColumns`: every quantity is a lazily
+computed numpy array broadcast over the executions, so a single run (0-d
+arrays), a DataFrame of executions (1-d) and a whole search grid (N-d,
+each option varying along its own axis) go through the same formulas.  Only
+what is asked for is computed: a search asks for ``sample_rate`` and
+``feasible`` and never builds the rest.
+
+Schedule model (Calculon, Isaev et al. SC'23, section 3; Narayanan et al.
+SC'21 for 1F1B and the interleaved schedule): each processor holds
+``blocks_per_proc`` blocks split into ``pipeline_interleaving`` chunks; a chunk
+is ``blocks_per_chunk - 1`` *base* blocks followed by one *edge* block that
+also sends the activation to the next pipeline stage.  Times are for
+processor 0.
+"""
+
+from functools import cached_property
+
+import numpy as np
+
+from calculon.config.execution import (
+  DATATYPE_BYTES, DATATYPE_NAMES, RECOMPUTE_FULL, TP_COMM_AR)
+from calculon.llm.block import BlockTotals, build_block
+from calculon.llm.layers import BlockContext
+from calculon.units import human_format
+
+_BYTES_TABLE = np.array([DATATYPE_BYTES[d] for d in DATATYPE_NAMES],
+                        dtype=np.int64)
+
+# Infeasibility reasons, in the order Calculon checks them.
+OK = 0
+NETWORK_TOO_SMALL = 1
+NETWORK_NOT_FILLED = 2
+INTERLEAVING_TOO_LARGE = 3
+INTERLEAVING_NOT_FACTOR = 4
+OFFLOAD_TOO_FEW_BLOCKS = 5
+MEM1_TOO_SMALL = 6
+MEM2_TOO_SMALL = 7
+#: Short names of the reasons (summaries, CSV).
+REASON_NAMES = {
+  OK: 'ok', NETWORK_TOO_SMALL: 'network tier too small',
+  NETWORK_NOT_FILLED: 'network tier not filled',
+  INTERLEAVING_TOO_LARGE: 'interleaving > blocks per processor',
+  INTERLEAVING_NOT_FACTOR: 'interleaving does not divide blocks per processor',
+  OFFLOAD_TOO_FEW_BLOCKS: 'offload needs >= 3 blocks per processor',
+  MEM1_TOO_SMALL: 'memory tier 1 too small',
+  MEM2_TOO_SMALL: 'memory tier 2 too small',
+}
+
+
+def _where(cond, a, b):
+  return np.where(cond, a, b)
+
+
+def _pos(x):
+  """Python's max(0, x): x when positive, else 0."""
+  return np.where(x > 0, x, 0)
+
+
+def _min(a, b):
+  """Python's min(a, b) (first of equals)."""
+  return np.where(b < a, b, a)
+
+
+def _max(a, b):
+  """Python's max(a, b) (first of equals)."""
+  return np.where(b > a, b, a)
+
+
+class Evaluation:
+  """All statistics of a set of executions of one application on one system.
+
+  Args:
+    app: :class:`~calculon.config.Application`.
+    system: :class:`~calculon.hardware.System`.
+    exe: :class:`~calculon.config.ExecutionColumns`, already validated
+      (rules and compatibility with ``app`` and ``system``).
+
+  Every public attribute is an array (or scalar) broadcastable to
+  ``exe.shape``; times in seconds, sizes in bytes, rates per second.  Values
+  are computed for infeasible executions too; :attr:`reason` tells which are.
+  """
+
+  def __init__(self, app, system, exe):
+    self.app = app
+    self.system = system
+    self.exe = exe
+    nets = system.networks
+    e = exe
+    self.tp, self.pp, self.dp = e.tensor_par, e.pipeline_par, e.data_par
+    self.interleaving = e.pipeline_interleaving
+    self.training = e.training
+    self.full_recompute = e.activation_recompute == RECOMPUTE_FULL
+    self.bytes_per_element = _BYTES_TABLE[e.datatype]
+    self.num_microbatches = (e.batch_size // e.data_par) // e.microbatch_size
+    # Blocks per processor, rounded up; the last PP - (L mod PP) stages hold
+    # one block less, which shortens the bubble (see bubble_time_s).
+    nb = app.num_blocks
+    rem = nb % self.pp
+    self.blocks_per_proc = nb // self.pp + (rem != 0)
+    self.bubble_reduction_blocks = np.where(rem != 0, self.pp - rem, 0)
+    self.blocks_per_chunk = self.blocks_per_proc // self.interleaving
+    with np.errstate(divide='ignore', invalid='ignore'):
+      self.chunks_per_proc = self.blocks_per_proc // np.maximum(
+        self.blocks_per_chunk, 1)
+    self.baseblocks_per_chunk = self.blocks_per_chunk - 1
+    self.edgeblocks_per_chunk = 1
+    self.optimizer_shards = np.where(e.optimizer_sharding, self.dp, 1)
+    self.ctx = BlockContext(system, e.datatype, self.bytes_per_element,
+                            self.optimizer_shards, self.tp, e.tensor_par_net,
+                            e.tensor_par_comm_type, e.tensor_par_overlap)
+    self.pp_usage = nets.usage(e.pipeline_par_net)
+    self.dp_usage = nets.usage(e.data_par_net)
+    self.batch_seq = e.microbatch_size * app.seq_size
+    self.activation_elems = self.batch_seq * app.hidden
+    self.seq_par_activation_elems = (self.batch_seq // self.tp) * app.hidden
+
+  # -- the block ---------------------------------------------------------------
+  @cached_property
+  def layers(self):
+    """The compiled block: list of layers (see :func:`build_block`)."""
+    return build_block(self.app, self.exe, self.ctx)
+
+  @cached_property
+  def block(self):
+    """Per-microbatch totals of one block (:class:`BlockTotals`)."""
+    with np.errstate(divide='ignore', invalid='ignore'):
+      return BlockTotals(self.layers, self.training, self.full_recompute)
+
+  @cached_property
+  def block_act_checkpoint_bytes(self):
+    """Activation checkpoint of one block: its input, kept with full
+    recomputation when training (Chen et al. 2016)."""
+    return np.where(self.training & self.full_recompute,
+                    self.activation_elems * self.bytes_per_element, 0)
+
+  # -- totals over the batch ----------------------------------------------------
+  @cached_property
+  def _mult(self):
+    return self.blocks_per_proc * self.num_microbatches
+
+  @cached_property
+  def fw_time_s(self):
+    """Forward compute of all blocks and microbatches on one processor."""
+    return self._mult * self.block.fw_time
+
+  @cached_property
+  def bw_time_s(self):
+    """Backward compute (activation + weight gradients)."""
+    return self._mult * self.block.agrad_time + self._mult * \
+      self.block.wgrad_time
+
+  @cached_property
+  def optim_step_time_s(self):
+    """Optimizer step over the processor's blocks (once per batch)."""
+    return self.blocks_per_proc * self.block.optim_time
+
+  @cached_property
+  def recompute_time_s(self):
+    """Forward recomputation during the backward pass."""
+    return self._mult * self.block.re_time
+
+  def _per_chunks(self, base, edge):
+    """Sum over all chunks and microbatches of a base/edge block quantity."""
+    return self.num_microbatches * self.chunks_per_proc * (
+      (self.baseblocks_per_chunk * base) + (self.edgeblocks_per_chunk * edge))
+
+  # -- tensor parallelism -------------------------------------------------------
+  @cached_property
+  def tp_comm_link_time_s(self):
+    """Time TP communication occupies the link (forward + backward)."""
+    b = self.block
+    return self._per_chunks(b.base_fw_tp_time, b.edge_fw_tp_time) + \
+      self._per_chunks(b.base_agrad_tp_time, b.edge_agrad_tp_time)
+
+  @cached_property
+  def tp_comm_exposed_time_s(self):
+    """TP communication not hidden behind compute."""
+    b = self.block
+    return self._per_chunks(b.base_fw_tp_exposed, b.edge_fw_tp_exposed) + \
+      self._per_chunks(b.base_agrad_tp_exposed, b.edge_agrad_tp_exposed)
+
+  @cached_property
+  def recomm_link_time_s(self):
+    """Redone TP communication (recomputation, all-gather redo) on the link."""
+    b = self.block
+    return self._per_chunks(b.base_recomm_time, b.edge_recomm_time)
+
+  @cached_property
+  def recomm_exposed_time_s(self):
+    """Redone TP communication not hidden behind compute."""
+    b = self.block
+    return self._per_chunks(b.base_recomm_exposed, b.edge_recomm_exposed)
+
+  # -- pipeline parallelism -----------------------------------------------------
+  @cached_property
+  def block_fw_pp_bytes(self):
+    """Activation sent to the next stage after each chunk (sequence-sharded
+    with rs_ag/p2p_rs_ag)."""
+    split = self.exe.tensor_par_comm_type != TP_COMM_AR
+    size = np.where(split, self.seq_par_activation_elems,
+                    self.activation_elems) * self.bytes_per_element
+    return np.where(self.pp > 1, size, 0)
+
+  @cached_property
+  def block_bw_pp_bytes(self):
+    """Gradient sent to the previous stage (training only)."""
+    return np.where(self.training, self.block_fw_pp_bytes, 0)
+
+  @cached_property
+  def chunk_fw_pp_time_s(self):
+    """One forward point-to-point transfer between pipeline stages."""
+    return self.system.networks.time_s('p2p', self.block_fw_pp_bytes, 2,
+                                       self.exe.pipeline_par_net)
+
+  @cached_property
+  def chunk_bw_pp_time_s(self):
+    """One backward point-to-point transfer between pipeline stages."""
+    return self.system.networks.time_s('p2p', self.block_bw_pp_bytes, 2,
+                                       self.exe.pipeline_par_net)
+
+  @cached_property
+  def pp_comm_link_time_s(self):
+    """PP transfers: one per chunk per microbatch, each way."""
+    multi = self.pp > 1
+    fw = self.num_microbatches * np.where(multi, self.chunks_per_proc, 0) * \
+      self.chunk_fw_pp_time_s
+    bw = self.num_microbatches * np.where(
+      multi & self.training, self.chunks_per_proc, 0) * self.chunk_bw_pp_time_s
+    return fw + bw
+
+  @cached_property
+  def pp_comm_exposed_time_s(self):
+    """PP transfers are not overlapped."""
+    return self.pp_comm_link_time_s
+
+  # -- offload to memory tier 2 ---------------------------------------------------
+  @cached_property
+  def _act_offload_bytes(self):
+    return np.where(self.full_recompute, self.block_act_checkpoint_bytes,
+                    self.block.act_storage_bytes)
+
+  @cached_property
+  def fw_offload_bytes(self):
+    """Bytes moved to/from tier 2 while a block runs forward: the larger of
+    its weights and its activations (prefetch/offload in parallel)."""
+    e = self.exe
+    return np.maximum(np.where(e.weight_offload, self.block.weight_bytes, 0),
+                      np.where(e.activations_offload, self._act_offload_bytes,
+                               0))
+
+  @cached_property
+  def bw_offload_bytes(self):
+    """Bytes moved while a block runs backward: weights, activations and
+    optimizer state as offloaded."""
+    e, b = self.exe, self.block
+    size = 0 + np.where(e.weight_offload, b.weight_bytes, 0)
+    size = size + np.where(e.activations_offload, self._act_offload_bytes, 0)
+    size = size + np.where(e.optimizer_offload, b.optimizer_bytes, 0)
+    return np.where(self.training, size, 0)
+
+  @cached_property
+  def fw_offload_time_s(self):
+    return self.system.offload_time_s(self.fw_offload_bytes)
+
+  @cached_property
+  def bw_offload_time_s(self):
+    return np.where(self.training,
+                    self.system.offload_time_s(self.bw_offload_bytes), 0)
+
+  # -- block times with exposed communication and offload ----------------------
+  @cached_property
+  def baseblock_fw_time_no_offload_s(self):
+    return self.block.fw_time + self.block.base_fw_tp_exposed
+
+  @cached_property
+  def edgeblock_fw_time_no_offload_s(self):
+    return self.block.fw_time + self.block.edge_fw_tp_exposed + \
+      self.chunk_fw_pp_time_s
+
+  @cached_property
+  def baseblock_fw_offload_overhead_s(self):
+    """Offload time not hidden by a base block's forward (memory traffic of
+    the block itself cannot hide it)."""
+    return _pos(self.fw_offload_time_s + self.block.fw_mem_time -
+                self.baseblock_fw_time_no_offload_s)
+
+  @cached_property
+  def edgeblock_fw_offload_overhead_s(self):
+    return _pos(self.fw_offload_time_s + self.block.fw_mem_time -
+                self.edgeblock_fw_time_no_offload_s)
+
+  @cached_property
+  def baseblock_fw_time_s(self):
+    return self.baseblock_fw_time_no_offload_s + \
+      self.baseblock_fw_offload_overhead_s
+
+  @cached_property
+  def edgeblock_fw_time_s(self):
+    return self.edgeblock_fw_time_no_offload_s + \
+      self.edgeblock_fw_offload_overhead_s
+
+  @cached_property
+  def baseblock_bw_time_no_offload_s(self):
+    b = self.block
+    return b.re_time + b.base_recomm_exposed + b.agrad_time + b.wgrad_time + \
+      b.base_agrad_tp_exposed
+
+  @cached_property
+  def edgeblock_bw_time_no_offload_s(self):
+    b = self.block
+    return b.re_time + b.edge_recomm_exposed + b.agrad_time + b.wgrad_time + \
+      b.edge_agrad_tp_exposed + self.chunk_bw_pp_time_s
+
+  @cached_property
+  def _bw_mem_time_s(self):
+    return self.block.agrad_mem_time + self.block.wgrad_mem_time
+
+  @cached_property
+  def baseblock_bw_offload_overhead_s(self):
+    return _pos(self.bw_offload_time_s + self.block.agrad_mem_time +
+                self.block.wgrad_mem_time - self.baseblock_bw_time_no_offload_s)
+
+  @cached_property
+  def edgeblock_bw_offload_overhead_s(self):
+    return _pos(self.bw_offload_time_s + self.block.agrad_mem_time +
+                self.block.wgrad_mem_time - self.edgeblock_bw_time_no_offload_s)
+
+  @cached_property
+  def baseblock_bw_time_s(self):
+    return self.baseblock_bw_time_no_offload_s + \
+      self.baseblock_bw_offload_overhead_s
+
+  @cached_property
+  def edgeblock_bw_time_s(self):
+    return self.edgeblock_bw_time_no_offload_s + \
+      self.edgeblock_bw_offload_overhead_s
+
+  @cached_property
+  def fw_offload_exposed_time_s(self):
+    """Forward offload time not hidden, over the batch."""
+    return self._per_chunks(self.baseblock_fw_offload_overhead_s,
+                            self.edgeblock_fw_offload_overhead_s)
+
+  @cached_property
+  def bw_offload_exposed_time_s(self):
+    """Backward offload time not hidden, over the batch."""
+    return np.where(self.training, self._per_chunks(
+      self.baseblock_bw_offload_overhead_s,
+      self.edgeblock_bw_offload_overhead_s), 0)
+
+  # -- chunks and the pipeline bubble -------------------------------------------
+  @cached_property
+  def chunk_fw_time_s(self):
+    return (self.baseblocks_per_chunk * self.baseblock_fw_time_s) + \
+      (self.edgeblocks_per_chunk * self.edgeblock_fw_time_s)
+
+  @cached_property
+  def chunk_bw_time_s(self):
+    return (self.baseblocks_per_chunk * self.baseblock_bw_time_s) + \
+      (self.edgeblocks_per_chunk * self.edgeblock_bw_time_s)
+
+  @cached_property
+  def bubble_time_s(self):
+    """Pipeline bubble of the (interleaved) 1F1B schedule.
+
+    (PP - 1) chunk times (forward + backward), as in Narayanan et al. SC'21
+    eq. 1 per chunk.  With interleaving and a microbatch count that is not a
+    multiple of PP, each of the (interleaving - 1) overlappable chunks waits
+    for the missing microbatches: (interleaving - 1) * (PP - nmb mod PP)
+    extra chunk times.  When PP does not divide the block count, later stages
+    hold one block less and the bubble shrinks by that many blocks' time
+    (half base, half edge when chunks have base blocks).
+    """
+    chunk_time = self.chunk_fw_time_s + self.chunk_bw_time_s
+    red = self.bubble_reduction_blocks
+    reduction = np.where(
+      self.baseblocks_per_chunk > 0,
+      red * (self.baseblock_fw_time_s + self.edgeblock_fw_time_s +
+             self.baseblock_bw_time_s + self.edgeblock_bw_time_s) / 2,
+      red * (self.edgeblock_fw_time_s + self.edgeblock_bw_time_s))
+    nmb, pp = self.num_microbatches, self.pp
+    missing = nmb % pp
+    extra = np.where(missing != 0, (self.interleaving - 1) * (pp - missing), 0)
+    return (pp - 1) * chunk_time + (extra * chunk_time - reduction)
+
+  # -- data parallelism -----------------------------------------------------------
+  @cached_property
+  def _dp_active(self):
+    return (self.dp > 1) & self.training
+
+  @cached_property
+  def block_dp_bytes(self):
+    """Gradients of one block reduced across DP (training, DP > 1)."""
+    return np.where(self._dp_active, self.block.weight_bytes, 0)
+
+  @cached_property
+  def block_dp_time_s(self):
+    """DP communication of one block: reduce-scatter + all-gather with
+    optimizer sharding (ZeRO-1, Rajbhandari et al. 2020), else all-reduce."""
+    net, size, dp = self.system.networks, self.block_dp_bytes, self.dp
+    tier = self.exe.data_par_net
+    with np.errstate(divide='ignore', invalid='ignore'):
+      sharded = net.time_s('reduce_scatter', size, dp, tier) + \
+        net.time_s('all_gather', size, dp, tier)
+      plain = net.time_s('all_reduce', size, dp, tier)
+    return np.where(self._dp_active,
+                    np.where(self.exe.optimizer_sharding, sharded, plain), 0)
+
+  @cached_property
+  def _dp_overlap(self):
+    """Exposed DP time and required bandwidths with DP overlap.
+
+    DP communication of a chunk overlaps the backward pass of the PP
+    microbatches in flight (1F1B keeps PP microbatches per chunk); compute
+    is slowed by the processor share driving the network, and DP transfers
+    may collide with PP transfers on a shared tier.  The last chunk can only
+    overlap its blocks after the first.  (Calculon, section 3.)
+    """
+    e, b = self.exe, self.block
+    pp, bpc, usage = self.pp, self.blocks_per_chunk, self.dp_usage
+    sharded = e.optimizer_sharding
+    optim_overlap = b.optim_time - b.optim_mem_time
+    bw_mem = b.agrad_mem_time + b.wgrad_mem_time + b.re_mem_time
+    base_window = self.baseblock_bw_time_s - bw_mem
+    edge_window = self.edgeblock_bw_time_s - bw_mem
+    compute = b.agrad_flops_time + b.wgrad_flops_time + b.re_flops_time
+    # Without sharding the optimizer step (but its memory traffic) overlaps.
+    base_window = np.where(sharded, base_window, base_window + optim_overlap)
+    edge_window = np.where(sharded, edge_window, edge_window + optim_overlap)
+    compute = np.where(sharded, compute, compute + b.optim_flops_time)
+    # DP cannot overlap TP traffic on the same tier.
+    same_tp = e.data_par_net == e.tensor_par_net
+    base_window = np.where(same_tp, base_window - (
+      b.base_recomm_time + b.base_agrad_tp_time), base_window)
+    edge_window = np.where(same_tp, edge_window - (
+      b.edge_recomm_time + b.edge_agrad_tp_time), edge_window)
+    chunk_window = self.baseblocks_per_chunk * base_window + \
+      self.edgeblocks_per_chunk * edge_window
+    chunk_compute = bpc * compute
+
+    dp_time = self.block_dp_time_s
+    num_chunks = self.interleaving - 1
+    last_size = bpc - 1
+    window = pp * chunk_window
+    window_compute = pp * chunk_compute
+    chunk_dp_time = bpc * dp_time
+    same_pp = e.data_par_net == e.pipeline_par_net
+    nmb = self.num_microbatches
+    with np.errstate(divide='ignore', invalid='ignore'):
+      fits = np.floor_divide(chunk_dp_time, self.chunk_bw_time_s)
+    cap = np.where(nmb % pp != 0, nmb % pp, pp)
+    collided = np.where(same_pp, _min(fits, cap), 0)
+    pp_bw = self.chunk_bw_pp_time_s
+    inflection = chunk_dp_time - (window - collided * pp_bw) + \
+      window_compute * usage
+    chunks_exposed = np.where(inflection > 0, num_chunks * inflection,
+                              num_chunks * chunk_dp_time * usage)
+    chunk_overlap = window + window_compute * usage
+    chunk_overlap = np.where(same_pp, chunk_overlap - pp_bw, chunk_overlap)
+    chunk_overlap = chunk_overlap * num_chunks
+    net = self.system.networks
+    tier = e.data_par_net
+    scalar = np.where(sharded, net.scalar['reduce_scatter'][tier] +
+                      net.scalar['all_gather'][tier],
+                      net.scalar['all_reduce'][tier])
+    size = self.block_dp_bytes
+    with np.errstate(divide='ignore', invalid='ignore'):
+      req_chunk = np.where(chunk_overlap > 0,
+                           bpc * size / chunk_overlap * scalar, 0)
+    last_window = chunk_window - pp_bw - (
+      self.baseblock_bw_time_s + self.edgeblock_bw_time_s) / 2
+    last_window = np.where(sharded, last_window, last_window + optim_overlap)
+    last_window = np.where(self.baseblocks_per_chunk > 0, last_window, 0)
+    last_inflection = (last_size * dp_time) + (compute * usage - last_window)
+    last_exposed = np.where(last_inflection > 0, last_inflection,
+                            last_size * dp_time * usage)
+    exposed = chunks_exposed + last_exposed
+    tail = last_window + last_size * dp_time * usage
+    with np.errstate(divide='ignore', invalid='ignore'):
+      req_tail = np.where(tail > 0, bpc * size / tail * scalar, 0)
+    return dp_time + exposed, req_chunk, req_tail
+
+  @cached_property
+  def dp_comm_exposed_time_s(self):
+    """DP communication not hidden (all of it without DP overlap)."""
+    plain = self.blocks_per_proc * self.block_dp_time_s
+    if not np.any(self.exe.data_par_overlap):
+      return np.where(self._dp_active, plain, 0)
+    overlapped = self._dp_overlap[0]
+    return np.where(self._dp_active, np.where(
+      self.exe.data_par_overlap, overlapped, plain), 0)
+
+  @cached_property
+  def dp_comm_link_time_s(self):
+    """DP communication on the link."""
+    return np.where(self._dp_active,
+                    self.blocks_per_proc * self.block_dp_time_s, 0)
+
+  def _dp_req(self, index):
+    if not np.any(self.exe.data_par_overlap):
+      return np.zeros(())
+    return np.where(self._dp_active & self.exe.data_par_overlap,
+                    self._dp_overlap[index], 0)
+
+  @cached_property
+  def dp_bw_overlap_req_chunk(self):
+    """DP bandwidth (bytes/s) needed to hide DP behind overlappable chunks."""
+    return self._dp_req(1)
+
+  @cached_property
+  def dp_bw_overlap_req_tail(self):
+    """DP bandwidth (bytes/s) needed to hide DP in the last chunk."""
+    return self._dp_req(2)
+
+  # -- memory per processor -------------------------------------------------------
+  @cached_property
+  def weight_bytes(self):
+    return self.block.weight_bytes * self.blocks_per_proc
+
+  @cached_property
+  def _inflight_factor(self):
+    """Microbatches whose activations are kept: min(nmb, PP) for 1F1B, times
+    1 + (PP - 1) / (interleaving * PP) for the interleaved schedule
+    (Korthikanti et al. 2022, section 4.2.3)."""
+    mb = np.where(self.num_microbatches < self.pp, self.num_microbatches,
+                  self.pp)
+    return np.where(self.interleaving > 1, mb * (
+      1 + (self.pp - 1) / (self.interleaving * self.pp)), mb)
+
+  @cached_property
+  def act_bytes(self):
+    """Activations kept: one working block plus the stored activations of all
+    blocks in flight (only the working block with full recomputation or in
+    inference)."""
+    b = self.block
+    kept = b.act_working_bytes + b.act_storage_bytes * (
+      self.blocks_per_proc * self._inflight_factor - 1)
+    return np.where(self.training & ~self.full_recompute, kept,
+                    b.act_working_bytes)
+
+  @cached_property
+  def act_checkpoint_bytes(self):
+    """Block-input checkpoints of all blocks in flight (full recompute)."""
+    ckpt = self.blocks_per_proc * self.block_act_checkpoint_bytes
+    return np.where(self.training & self.full_recompute,
+                    ckpt * self._inflight_factor, 0)
+
+  @cached_property
+  def act_grad_bytes(self):
+    """Activation gradients of one block."""
+    return np.where(self.training, self.block.act_grad_bytes, 0)
+
+  @cached_property
+  def weight_grad_bytes(self):
+    """One unsharded fp32 copy for the block being computed plus sharded
+    gradients of the other blocks."""
+    b = self.block
+    grads = np.where(self.blocks_per_proc == 1,
+                     b.weight_grad_unsharded_bytes,
+                     b.weight_grad_unsharded_bytes + b.weight_grad_bytes * (
+                       self.blocks_per_proc - 1))
+    return np.where(self.training, grads, 0)
+
+  @cached_property
+  def optimizer_bytes(self):
+    return np.where(self.training,
+                    self.block.optimizer_bytes * self.blocks_per_proc, 0)
+
+  # "min" sizes: what tier 1 must still hold when a kind is offloaded
+  # (double-buffered blocks).
+  @cached_property
+  def weight_bytes_min(self):
+    return self.block.weight_bytes * 2
+
+  @cached_property
+  def act_bytes_min(self):
+    b = self.block
+    return np.where(self.full_recompute, b.act_working_bytes,
+                    b.act_working_bytes + b.act_storage_bytes)
+
+  @cached_property
+  def act_checkpoint_bytes_min(self):
+    """NaN (JSON null) in inference, as Calculon reports."""
+    return np.where(self.training, np.where(
+      self.full_recompute, self.block_act_checkpoint_bytes * 2, 0), np.nan)
+
+  @cached_property
+  def weight_grad_bytes_min(self):
+    b = self.block
+    return np.where(self.training, b.weight_grad_unsharded_bytes +
+                    b.weight_grad_bytes, 0)
+
+  @cached_property
+  def optimizer_bytes_min(self):
+    return np.where(self.training, self.block.optimizer_bytes * 2, 0)
+
+  @cached_property
+  def _mem_reqs(self):
+    e = self.exe
+    wo, ao, oo = e.weight_offload, e.activations_offload, e.optimizer_offload
+    full = self.full_recompute
+    t1 = 0 + np.where(wo, self.weight_bytes_min, self.weight_bytes)
+    t2 = 0 + np.where(wo, self.weight_bytes, 0)
+    t1 = t1 + np.where(ao, self.act_bytes_min, self.act_bytes)
+    t1 = t1 + np.where(ao, np.where(full, self.act_checkpoint_bytes_min, 0),
+                       self.act_checkpoint_bytes)
+    t2 = t2 + np.where(ao, np.where(full, self.act_checkpoint_bytes,
+                                    self.act_bytes), 0)
+    t1 = np.where(oo, t1 + self.weight_grad_bytes_min + self.optimizer_bytes_min,
+                  t1 + (self.weight_grad_bytes + self.optimizer_bytes))
+    t2 = t2 + np.where(oo, self.block.weight_grad_bytes *
+                       self.blocks_per_proc, 0)
+    t2 = t2 + np.where(oo, self.optimizer_bytes, 0)
+    t1 = t1 + self.act_grad_bytes
+    return t1, t2
+
+  @cached_property
+  def mem1_bytes(self):
+    """Memory tier 1 (HBM) needed per processor."""
+    return self._mem_reqs[0]
+
+  @cached_property
+  def mem2_bytes(self):
+    """Memory tier 2 (offload target) needed per processor."""
+    return self._mem_reqs[1]
+
+  # -- offload bandwidth requirements ------------------------------------------
+  @cached_property
+  def _fw_offload_window_s(self):
+    fw_mem = self.block.fw_mem_time
+    return _min(self.baseblock_fw_time_no_offload_s - fw_mem,
+                self.edgeblock_fw_time_no_offload_s - fw_mem)
+
+  @cached_property
+  def _bw_offload_window_s(self):
+    mem = self.block.agrad_mem_time + self.block.wgrad_mem_time
+    return _min(self.baseblock_bw_time_no_offload_s - mem,
+                self.edgeblock_bw_time_no_offload_s - mem)
+
+  @cached_property
+  def act_offload_bw_req(self):
+    """Tier-2 bandwidth (bytes/s) to offload a block's activations during
+    the next block's forward pass."""
+    with np.errstate(divide='ignore', invalid='ignore'):
+      return self._act_offload_bytes / self._fw_offload_window_s
+
+  @cached_property
+  def weight_offload_bw_req(self):
+    """Tier-2 bandwidth (bytes/s) to stream a block's weights."""
+    with np.errstate(divide='ignore', invalid='ignore'):
+      return self.block.weight_bytes / self._fw_offload_window_s
+
+  @cached_property
+  def optim_offload_bw_req(self):
+    """Tier-2 bandwidth (bytes/s) to stream gradients and optimizer state."""
+    b = self.block
+    with np.errstate(divide='ignore', invalid='ignore'):
+      return np.where(self.training, (b.weight_grad_bytes + b.optimizer_bytes)
+                      / self._bw_offload_window_s, 0)
+
+  @cached_property
+  def offload_mem_bw_req(self):
+    """Tier-2 bandwidth (bytes/s) needed by all offloading."""
+    with np.errstate(divide='ignore', invalid='ignore'):
+      fw = self.fw_offload_bytes / self._fw_offload_window_s
+      bw = self.bw_offload_bytes / self._bw_offload_window_s
+    return np.where(self.training, _max(fw, bw), fw)
+
+  # -- totals ---------------------------------------------------------------------
+  @cached_property
+  def total_time_s(self):
+    """Time of one batch: compute, exposed offload, recomputation, exposed
+    redone TP communication, bubble, exposed TP/PP/DP communication."""
+    return (self.fw_time_s + self.bw_time_s + self.optim_step_time_s +
+            self.fw_offload_exposed_time_s + self.bw_offload_exposed_time_s +
+            self.recompute_time_s + self.recomm_exposed_time_s +
+            self.bubble_time_s + self.tp_comm_exposed_time_s +
+            self.pp_comm_exposed_time_s + self.dp_comm_exposed_time_s)
+
+  @cached_property
+  def sample_rate(self):
+    """Samples per second: global batch / batch time."""
+    with np.errstate(divide='ignore', invalid='ignore'):
+      return self.exe.batch_size / self.total_time_s
+
+  @cached_property
+  def useful_flops(self):
+    """FLOP of one block and microbatch (forward; plus backward and optimizer
+    when training), including TP reduction arithmetic."""
+    b = self.block
+    return b.fw_flops + np.where(self.training, b.useful_bw_flops, 0)
+
+  @cached_property
+  def _perfect_time_s(self):
+    peak = self.system.matrix.peak_flops(self.exe.datatype)
+    return self.blocks_per_proc * self.num_microbatches * self.useful_flops / \
+      peak
+
+  @cached_property
+  def _compute_time_s(self):
+    return self.fw_time_s + self.bw_time_s + self.optim_step_time_s
+
+  @cached_property
+  def compute_efficiency(self):
+    """Useful FLOP at matrix peak / time spent computing."""
+    with np.errstate(divide='ignore', invalid='ignore'):
+      return self._perfect_time_s / self._compute_time_s
+
+  @cached_property
+  def system_efficiency(self):
+    """Time spent computing / batch time."""
+    with np.errstate(divide='ignore', invalid='ignore'):
+      return self._compute_time_s / self.total_time_s
+
+  @cached_property
+  def total_efficiency(self):
+    """Useful FLOP at matrix peak / batch time (MFU-like, counting the
+    model's block FLOP including recomputation-free backward)."""
+    with np.errstate(divide='ignore', invalid='ignore'):
+      return self._perfect_time_s / self.total_time_s
+
+  # -- feasibility ------------------------------------------------------------------
+  @cached_property
+  def _network_check(self):
+    """(reason, tier) of the first network tier that is too small or not
+    filled, in tier order (Calculon's check)."""
+    e, nets = self.exe, self.system.networks
+    shape = np.broadcast_shapes(np.shape(self.tp), np.shape(self.pp),
+                                np.shape(self.dp), np.shape(e.tensor_par_net),
+                                np.shape(e.pipeline_par_net),
+                                np.shape(e.data_par_net))
+    reason = np.zeros(shape, dtype=np.int64)
+    tier_of = np.zeros(shape, dtype=np.int64)
+    for tier in range(len(nets) - 1, -1, -1):
+      size = 1
+      used = False
+      for degree, net in ((self.tp, e.tensor_par_net),
+                          (self.pp, e.pipeline_par_net),
+                          (self.dp, e.data_par_net)):
+        on = (degree > 1) & (net == tier)
+        size = size * np.where(on, degree, 1)
+        used = used | on
+      too_small = used & (size > nets.size[tier])
+      not_filled = used & ~too_small & nets.must_be_filled[tier] & (
+        nets.size[tier] % size != 0)
+      bad = too_small | not_filled
+      reason = np.where(bad, np.where(too_small, NETWORK_TOO_SMALL,
+                                      NETWORK_NOT_FILLED), reason)
+      tier_of = np.where(bad, tier, tier_of)
+    return reason, tier_of
+
+  @cached_property
+  def compile_reason(self):
+    """Reason code of infeasibilities found before pricing (network tiers,
+    interleaving, offload); OK (0) when none."""
+    reason = self._network_check[0]
+    bpp, ppi = self.blocks_per_proc, self.interleaving
+    e = self.exe
+    reason = np.where(reason != OK, reason, np.where(
+      ppi > bpp, INTERLEAVING_TOO_LARGE, np.where(
+        bpp % ppi != 0, INTERLEAVING_NOT_FACTOR, OK)))
+    offload = e.weight_offload | e.activations_offload | e.optimizer_offload
+    return np.where(reason != OK, reason,
+                    np.where(offload & (bpp <= 2), OFFLOAD_TOO_FEW_BLOCKS, OK))
+
+  @cached_property
+  def reason(self):
+    """Reason code of infeasibility (see REASON_NAMES); OK (0) if feasible."""
+    reason = self.compile_reason
+    reason = np.where(reason != OK, reason, np.where(
+      self.mem1_bytes > self.system.mem1.capacity_bytes, MEM1_TOO_SMALL,
+      np.where(self.mem2_bytes > self.system.mem2.capacity_bytes,
+               MEM2_TOO_SMALL, OK)))
+    return reason
+
+  @cached_property
+  def feasible(self):
+    """True where the execution can run."""
+    return self.reason == OK
+
+  def reason_message(self, index=()):
+    """Calculon's error message for the execution at ``index`` ('' if ok)."""
+    def at(x):
+      return np.broadcast_to(x, self.exe.shape)[index]
+    code = int(at(self.reason))
+    if code == OK:
+      return ''
+    if code in (NETWORK_TOO_SMALL, NETWORK_NOT_FILLED):
+      tier = int(at(self._network_check[1]))
+      net = self.system.networks
+      used = []
+      size = 1
+      for label, degree, chosen in (
+          ('TP', self.tp, self.exe.tensor_par_net),
+          ('PP', self.pp, self.exe.pipeline_par_net),
+          ('DP', self.dp, self.exe.data_par_net)):
+        d, c = int(at(degree)), int(at(chosen))
+        if d > 1 and c == tier:
+          used.append(f'{label}={d}')
+          size *= d
+      detail = f"{' x '.join(used)} = {size} processors, tier size " \
+        f'{int(net.size[tier])}'
+      if code == NETWORK_TOO_SMALL:
+        return f"Network tier{tier} isn't big enough ({detail})"
+      return f"Network tier{tier} isn't fully used ({detail})"
+    if code == INTERLEAVING_TOO_LARGE:
+      return ('Pipeline interleaving must be less than or equal to the number '
+              'of blocks per processor')
+    if code == INTERLEAVING_NOT_FACTOR:
+      return ('Pipeline interleaving must be a factor value of the number of '
+              'blocks per processor')
+    if code == OFFLOAD_TOO_FEW_BLOCKS:
+      return 'Offloading requires each processor to handle at least 3 blocks'
+    if code == MEM1_TOO_SMALL:
+      return (f"Mem tier1 needs {human_format(at(self.mem1_bytes), 'bytes')} "
+              f"but only has "
+              f"{human_format(self.system.mem1.capacity_bytes, 'bytes')}")
+    return (f"Mem tier2 needs {human_format(at(self.mem2_bytes), 'bytes')} "
+            f"but only has "
+            f"{human_format(self.system.mem2.capacity_bytes, 'bytes')}")

@@ -1,0 +1,58 @@
+"""The space of executions Calculon's search explores, dimension by dimension.
+
+Each function lists the valid values of one dimension given the ones before
+it (Calculon's ``Llm.get_*`` helpers); :mod:`calculon.llm.search` combines
+them into grids.
+"""
+
+
+def factors(x):
+  """Divisors of ``x`` in increasing order."""
+  return [c for c in range(1, x + 1) if x % c == 0]
+
+
+def tensor_parallelisms(num_procs, hidden, attn_heads):
+  """TP degrees: divisors of num_procs dividing hidden and attn_heads."""
+  return [c for c in factors(num_procs)
+          if hidden % c == 0 and attn_heads % c == 0]
+
+
+def pipeline_parallelisms(num_procs, tensor_par, num_blocks):
+  """PP degrees: divisors of min(num_procs / TP, blocks) dividing both."""
+  max_pp = min(num_procs // tensor_par, num_blocks)
+  return [c for c in factors(max_pp)
+          if num_procs % (tensor_par * c) == 0 and num_blocks % c == 0]
+
+
+def data_parallelism(num_procs, tensor_par, pipeline_par):
+  """DP degree: the processors left, num_procs / (TP * PP)."""
+  return num_procs // (tensor_par * pipeline_par)
+
+
+def pipeline_interleavings(num_blocks, pipeline_par):
+  """Interleaving factors: divisors of blocks / PP (1 without PP)."""
+  if pipeline_par == 1:
+    return [1]
+  return factors(num_blocks // pipeline_par)
+
+
+def microbatch_sizes(seq_size, tensor_par, data_par, global_batch_size,
+                     pipeline_par=None):
+  """Microbatch sizes: divisors of the local batch whose tokens split
+  evenly over TP."""
+  local = global_batch_size // data_par
+  return [c for c in factors(local) if (c * seq_size) % tensor_par == 0]
+
+
+def can_redo_ag(tensor_par_comm_type, activation_recompute):
+  """The all-gather can be redone only with sequence parallelism and without
+  full recomputation."""
+  return tensor_par_comm_type == 'rs_ag' and activation_recompute != 'full'
+
+
+def batch_size_for(data_par, max_batch_size):
+  """The largest multiple of DP not above ``max_batch_size`` (None if DP is
+  larger)."""
+  if data_par > max_batch_size:
+    return None
+  return max_batch_size // data_par * data_par
