@@ -1,0 +1,6 @@
+"""``python -m calculon``."""
+import sys
+
+from calculon.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,75 @@
+"""``calculon llm`` (one run) and ``calculon llm-parameter-calculator``."""
+
+import os
+
+from calculon import io
+from calculon.cli.main import EXIT_INFEASIBLE, EXIT_OK
+from calculon.errors import ConfigError
+from calculon.llm import Llm
+from calculon.units import human_format
+
+
+def add_parsers(sp):
+  p = sp.add_parser('llm', help='run a single llm calculation',
+                    description='Price one execution of an application on a '
+                    'system and print or write its statistics.')
+  p.add_argument('application', help='application JSON (model shape)')
+  p.add_argument('execution', help='execution JSON (parallelism, options)')
+  p.add_argument('system', help='system JSON (processor, memory, network)')
+  p.add_argument('stats', help="output: '-' prints a report; *.json or "
+                 '*.json.gz writes every statistic')
+  p.add_argument('-p', '--peers', default=None,
+                 help='write the processor peers (TP/PP/DP) JSON here')
+  p.add_argument('-l', '--layers', action='store_true',
+                 help='include per-layer statistics in the stats file')
+  p.add_argument('--report', metavar='DIR', default=None,
+                 help='also write the report, tables and charts to DIR')
+  p.set_defaults(func=run_llm)
+
+  q = sp.add_parser('llm-parameter-calculator', aliases=['lpc'],
+                    help='count the parameters of an application',
+                    description='Print the number of trainable parameters.')
+  q.add_argument('application', help='application JSON')
+  q.add_argument('-a', '--alignment', type=int, default=13,
+                 help='width of the name column')
+  q.set_defaults(func=run_parameter_calculator)
+
+
+def run_llm(args, log):
+  if not (args.stats == '-' or io.is_json_extension(args.stats)):
+    raise ConfigError(f"{args.stats}: stats output must be '-', *.json or "
+                      '*.json.gz', source=args.stats)
+  app = Llm.Application(io.read_json_file(args.application), args.application)
+  exe = Llm.Execution.from_json(io.read_json_file(args.execution),
+                                args.execution)
+  from calculon.hardware import System
+  system = System(io.read_json_file(args.system), args.system)
+  model = Llm(app, log)
+  try:
+    model.compile(system, exe)
+    model.run(system)
+  except Llm.Error as err:
+    print(f'ERROR: {err}')
+    return EXIT_INFEASIBLE
+  stats = model.get_stats_json(args.layers)
+  if args.stats == '-':
+    model.display_stats()
+  else:
+    io.write_json_file(stats, args.stats)
+  if args.peers:
+    io.write_json_file(exe.get_peers_json(), args.peers)
+  if args.report:
+    from calculon.report import write_run_report
+    write_run_report(args.report, model)
+    log.info(f'Report: {args.report}')
+  return EXIT_OK
+
+
+def run_parameter_calculator(args, log):
+  app = Llm.Application(io.read_json_file(args.application), args.application)
+  name, _ = os.path.splitext(os.path.basename(args.application))
+  if name.endswith('.json'):
+    name = name[:-5]
+  log.info(f'{name}{" " * (args.alignment - len(name))} -> '
+           f'{human_format(app.num_parameters())}')
+  return EXIT_OK

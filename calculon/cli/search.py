@@ -1,0 +1,202 @@
+"""``calculon llm-optimal-execution`` and ``calculon llm-all-executions``."""
+
+import argparse
+import sys
+
+from calculon import io
+from calculon.cli.main import EXIT_INFEASIBLE, EXIT_OK
+from calculon.config.execution import DATATYPE_NAMES
+from calculon.errors import ConfigError
+from calculon.llm import search as S
+from calculon.parallel import default_workers
+
+EXIT_INTERRUPTED = 130
+
+
+def true_false_both(arg):
+  """Calculon's -f values: true, false or both."""
+  if arg in ('t', 'true', 'T', 'True', '1'):
+    return [True]
+  if arg in ('f', 'false', 'F', 'False', '0'):
+    return [False]
+  if arg in ('both', 'all', '*'):
+    return [False, True]
+  raise argparse.ArgumentTypeError(
+    f'invalid value {arg!r}: use true, false or both')
+
+
+def _positive(arg):
+  try:
+    value = int(arg)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f'{arg!r} is not an integer') from None
+  if value < 1:
+    raise argparse.ArgumentTypeError(f'{value} must be >= 1')
+  return value
+
+
+def _common(p, outputs):
+  p.add_argument('application', help='application JSON (model shape)')
+  p.add_argument('num_procs', type=_positive, help='number of processors')
+  p.add_argument('max_batch_size', type=_positive,
+                 help='maximum global batch; each DP uses its largest '
+                 'multiple not above it')
+  p.add_argument('datatype', choices=DATATYPE_NAMES, help='datatype')
+  p.add_argument('system', help='system JSON')
+  p.add_argument('output', help=f'output file ({outputs})')
+  p.add_argument('-c', '--cpus', type=_positive, default=default_workers(),
+                 help='worker processes (default: physical cores)')
+  p.add_argument('-n', '--noneok', action='store_true',
+                 help='exit 0 even when no execution is feasible')
+  p.add_argument('-f', '--fused_activation', type=true_false_both,
+                 default=[True], help='fused activation: true (default), '
+                 'false or both')
+  p.add_argument('-d', '--debug', action='store_true',
+                 help="count the executions, don't run them")
+  p.add_argument('-q', '--quiet', action='store_true',
+                 help='no progress bar')
+  p.add_argument('--chunk', type=_positive, default=None,
+                 help='executions per vectorized chunk (memory vs. speed)')
+
+
+def add_parsers(sp):
+  p = sp.add_parser(
+    'llm-optimal-execution', aliases=['loe'],
+    help='search every execution for the fastest ones',
+    description='Exhaustively search parallelism strategies and options for '
+    'an application on NUM_PROCS processors and write the fastest.')
+  _common(p, '*.json, *.json.gz, *.csv, *.csv.gz')
+  p.add_argument('-m', '--mbs-break', action='store_true',
+                 help='within each combination of the other options, stop at '
+                 'the first microbatch size with no feasible execution')
+  p.add_argument('-t', '--top-n', type=_positive, default=1,
+                 help='number of best executions to write (default 1)')
+  p.add_argument('-l', '--layers', action='store_true',
+                 help='include per-layer statistics')
+  p.add_argument('--no-tp-overlap', action='store_true',
+                 help="don't try TP communication overlap")
+  p.add_argument('--no-dp-overlap', action='store_true',
+                 help="don't try DP communication overlap")
+  p.set_defaults(func=run_optimal)
+
+  q = sp.add_parser(
+    'llm-all-executions', aliases=['lae'],
+    help='write every feasible execution with its statistics',
+    description='Evaluate the whole search space and stream every feasible '
+    'execution with all its statistics to a table.')
+  _common(q, '*.csv, *.csv.gz, *.parquet')
+  q.set_defaults(func=run_all, mbs_break=False, no_tp_overlap=False,
+                 no_dp_overlap=False)
+
+
+def _spec(args):
+  app = io.load_application(args.application)
+  system = io.load_system(args.system)
+  system.check_datatype(args.datatype)
+  return S.SearchSpec(app, system, args.num_procs, args.max_batch_size,
+                      args.datatype, list(args.fused_activation),
+                      mbs_break=args.mbs_break,
+                      allow_tp_overlap=not args.no_tp_overlap,
+                      allow_dp_overlap=not args.no_dp_overlap)
+
+
+class _Progress:
+  """tqdm bar on stderr when it is a terminal (and not -q)."""
+
+  def __init__(self, total, quiet):
+    self.bar = None
+    if not quiet and sys.stderr.isatty():
+      from tqdm import tqdm
+      self.bar = tqdm(total=total, unit='exe', unit_scale=True,
+                      file=sys.stderr, smoothing=0.1, dynamic_ncols=True)
+
+  def __call__(self, n):
+    if self.bar is not None:
+      self.bar.update(n)
+
+  def close(self):
+    if self.bar is not None:
+      self.bar.close()
+
+
+def _summary(log, total, evaluated, feasible, reasons, elapsed_s, mbs_break):
+  log.info(f'Total executions: {evaluated}')
+  if mbs_break:
+    log.info(f'Executions in the space: {total} ({total - evaluated} skipped '
+             'by -m)')
+  log.info(f'Good executions: {feasible}')
+  log.info(f'Bad executions: {evaluated - feasible}')
+  for name, n in S.reason_summary(reasons).items():
+    log.info(f'  {name}: {n}')
+  rate = evaluated / elapsed_s if elapsed_s > 0 else 0.0
+  log.info(f'Calculation rate: {rate:.2f} calcs/sec ({elapsed_s:.3f} s)')
+
+
+def run_optimal(args, log):
+  if not (io.is_json_extension(args.output) or
+          io.is_csv_extension(args.output)):
+    raise ConfigError(f'{args.output}: output must be *.json, *.json.gz, '
+                      '*.csv or *.csv.gz', source=args.output)
+  spec = _spec(args)
+  if args.debug:
+    log.info(f'Total executions: {S.count_space(spec)}')
+    return EXIT_OK
+  total = S.count_space(spec)
+  progress = _Progress(total, args.quiet)
+  result = S.optimal_executions(spec, args.top_n, args.cpus,
+                                args.chunk or S.DEFAULT_CHUNK, progress)
+  progress.close()
+  _summary(log, result.total, result.evaluated, result.feasible,
+           result.reasons, result.elapsed_s, args.mbs_break)
+  if result.partial:
+    log.warning('Interrupted: the results are the best found so far (partial)')
+  if not result.best:
+    log.info('No acceptable configurations found :(')
+    return EXIT_INTERRUPTED if result.partial else (
+      EXIT_OK if args.noneok else EXIT_INFEASIBLE)
+  log.info(f'Best sample rate: {result.best[0][0]}')
+  from calculon.llm.results import best_to_output, write_best
+  output = best_to_output(spec, result, args.layers)
+  write_best(output, args.output, partial=result.partial)
+  log.info(f'Output: {args.output}')
+  return EXIT_INTERRUPTED if result.partial else EXIT_OK
+
+
+def run_all(args, log):
+  from calculon.llm.results import TableWriter
+  writer = TableWriter(args.output)  # checks the extension first
+  spec = _spec(args)
+  if args.debug:
+    log.info(f'Total executions: {S.count_space(spec)}')
+    return EXIT_OK
+  import time
+  total = S.count_space(spec)
+  progress = _Progress(total, args.quiet)
+  start = time.perf_counter()
+  seen = feasible = 0
+  reasons = {}
+  partial = False
+  try:
+    with writer:
+      for rows, n, why in S.all_executions(spec, args.cpus,
+                                           args.chunk or S.DEFAULT_CHUNK // 4):
+        writer.write(rows)
+        seen += n
+        feasible += len(rows['sample_rate'])
+        for code, k in why.items():
+          reasons[code] = reasons.get(code, 0) + k
+        progress(n)
+  except KeyboardInterrupt:
+    partial = True
+  progress.close()
+  _summary(log, total, seen, feasible, reasons,
+           time.perf_counter() - start, False)
+  if partial:
+    log.warning(f'Interrupted: {args.output} holds the executions found so '
+                'far (partial)')
+    return EXIT_INTERRUPTED
+  log.info(f'Output: {args.output}')
+  if feasible == 0 and not args.noneok:
+    log.info('No acceptable configurations found :(')
+    return EXIT_INFEASIBLE
+  return EXIT_OK

@@ -1,0 +1,5 @@
+"""Result-file tools: plots and conversions."""
+
+
+def add_parsers(sp):
+  pass
