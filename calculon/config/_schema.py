@@ -6,14 +6,19 @@ value, and what is allowed.  Nothing here raises anything but
 :class:`~calculon.errors.ConfigError`.
 """
 
+import json
 import math
 import numbers
 
 from calculon.errors import ConfigError
 
 
-def _repr(value):
-  text = repr(value)
+def show(value):
+  """A value as the user wrote it in JSON (true, null, "text", 4.5)."""
+  try:
+    text = json.dumps(value)
+  except (TypeError, ValueError):
+    text = repr(value)
   return text if len(text) <= 60 else text[:57] + '...'
 
 
@@ -39,7 +44,7 @@ class Spec:
   def describe(self):
     """Human text for what the field accepts, e.g. 'an integer >= 1'."""
     if self.choices is not None:
-      text = 'one of ' + ', '.join(repr(c) for c in self.choices)
+      text = 'one of ' + ', '.join(show(c) for c in self.choices)
     elif self.kind == 'bool':
       text = 'true or false'
     elif self.kind in ('int', 'number'):
@@ -110,7 +115,7 @@ class Reader:
     self.path = path
     if not isinstance(obj, dict):
       raise ConfigError(
-        f'{source}: {self._where()} must be a JSON object, got {_repr(obj)}',
+        f'{source}: {self._where()} must be a JSON object, got {show(obj)}',
         source=source, field=path or None, value=obj,
         allowed='a JSON object')
     self.obj = obj
@@ -145,7 +150,7 @@ class Reader:
   def fail(self, name, value, allowed):
     """Raises the standard message for a bad value of field ``name``."""
     raise ConfigError(
-      f"{self.source}: field '{self._where(name)}' = {_repr(value)} is not "
+      f"{self.source}: field '{self._where(name)}' = {show(value)} is not "
       f'allowed: {allowed}',
       source=self.source, field=self._where(name), value=value,
       allowed=allowed)

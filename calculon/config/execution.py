@@ -18,7 +18,7 @@ from dataclasses import dataclass, asdict, fields as dc_fields
 
 import numpy as np
 
-from calculon.config._schema import Reader, Spec
+from calculon.config._schema import Reader, Spec, show
 from calculon.errors import ConfigError
 
 #: Bytes per element of each supported datatype.
@@ -224,7 +224,7 @@ class ExecutionColumns:
         row = int(np.flatnonzero(bad)[0])
         raise ConfigError(
           f"{source}: row {frame.index[row]!r}: field '{name}' = "
-          f'{raw[row]!r} is not allowed: {spec.describe()} '
+          f'{show(_plain(raw[row]))} is not allowed: {spec.describe()} '
           f'({int(bad.sum())} bad rows)',
           source=source, field=name, value=raw[row], allowed=spec.describe())
       cols[name] = arr
@@ -271,9 +271,16 @@ class Rule:
   message: object
 
 
+def _plain(value):
+  return value.item() if isinstance(value, np.generic) else value
+
+
 def _v(c, name, i):
   arr = np.broadcast_to(getattr(c, name), c.shape)
-  return arr[i]
+  value = arr[i]
+  if isinstance(value, np.generic):
+    value = value.item()
+  return value
 
 
 RULES = (
@@ -293,40 +300,40 @@ RULES = (
        f"{_v(c, 'batch_size', i) // _v(c, 'data_par', i)}"),
   Rule('activation_recompute',
        lambda c: (c.activation_recompute != RECOMPUTE_NONE) & ~c.training,
-       lambda c, i: f"= {RECOMPUTE_NAMES[_v(c, 'activation_recompute', i)]!r}"
-       " is not allowed: recomputation exists only when training; use "
-       "'none' with training = false"),
+       lambda c, i: f"= {show(RECOMPUTE_NAMES[_v(c, 'activation_recompute', i)])}"
+       ' is not allowed: recomputation exists only when training; use '
+       '"none" with training = false'),
   Rule('pipeline_interleaving',
        lambda c: (c.pipeline_par == 1) & (c.pipeline_interleaving != 1),
        lambda c, i: f"= {_v(c, 'pipeline_interleaving', i)} is not allowed: "
        "must be 1 when pipeline_par = 1"),
   Rule('optimizer_sharding',
        lambda c: c.optimizer_sharding & (c.data_par <= 1),
-       lambda c, i: '= True is not allowed: optimizer sharding needs '
+       lambda c, i: '= true is not allowed: optimizer sharding needs '
        'data_par > 1'),
   Rule('tensor_par_overlap',
        lambda c: (c.tensor_par_overlap != TP_OVERLAP_NONE) & (c.tensor_par <= 1),
-       lambda c, i: f"= {TP_OVERLAP_NAMES[_v(c, 'tensor_par_overlap', i)]!r} "
-       "is not allowed: TP communication overlap needs tensor_par > 1; use "
-       "'none'"),
+       lambda c, i: f"= {show(TP_OVERLAP_NAMES[_v(c, 'tensor_par_overlap', i)])}"
+       ' is not allowed: TP communication overlap needs tensor_par > 1; use '
+       '"none"'),
   Rule('seq_par_ag_redo',
        lambda c: c.seq_par_ag_redo & (c.tensor_par_comm_type != TP_COMM_RS_AG),
-       lambda c, i: '= True is not allowed: redoing the all-gather needs '
-       "tensor_par_comm_type = 'rs_ag' (sequence parallelism)"),
+       lambda c, i: '= true is not allowed: redoing the all-gather needs '
+       'tensor_par_comm_type = "rs_ag" (sequence parallelism)'),
   Rule('seq_par_ag_redo',
        lambda c: c.seq_par_ag_redo & (c.activation_recompute == RECOMPUTE_FULL),
-       lambda c, i: '= True is not allowed with activation_recompute = '
-       "'full' (full recomputation already redoes the all-gather)"),
+       lambda c, i: '= true is not allowed with activation_recompute = '
+       '"full" (full recomputation already redoes the all-gather)'),
   Rule('data_par_overlap',
        lambda c: c.data_par_overlap & ~c.training,
-       lambda c, i: '= True is not allowed: DP communication exists only '
+       lambda c, i: '= true is not allowed: DP communication exists only '
        'when training'),
   Rule('data_par_overlap',
        lambda c: c.data_par_overlap & (c.data_par <= 1),
-       lambda c, i: '= True is not allowed: DP overlap needs data_par > 1'),
+       lambda c, i: '= true is not allowed: DP overlap needs data_par > 1'),
   Rule('optimizer_offload',
        lambda c: c.optimizer_offload & ~c.training,
-       lambda c, i: '= True is not allowed: the optimizer runs only when '
+       lambda c, i: '= true is not allowed: the optimizer runs only when '
        'training'),
 )
 

@@ -77,7 +77,7 @@ class ProcessorConfig:
       if dtype not in DATATYPE_NAMES:
         sub.fail(dtype, obj[dtype],
                  'datatype keys must be one of ' +
-                 ', '.join(repr(d) for d in DATATYPE_NAMES))
+                 ', '.join(f'"{d}"' for d in DATATYPE_NAMES))
       sub.get(dtype, Spec('dict'))
       dreader = Reader(obj[dtype], reader.source, sub.field_path(dtype))
       peak[dtype] = dreader.get('tflops', Spec('number', lo=0, lo_open=True)) \
@@ -194,7 +194,7 @@ class SystemConfig:
     if set(matrix.peak_flops) != set(vector.peak_flops):
       diff = sorted(set(matrix.peak_flops) ^ set(vector.peak_flops))
       raise ConfigError(
-        f"{source}: field 'matrix'/'vector': datatype {diff[0]!r} must be "
+        f"{source}: field 'matrix'/'vector': datatype \"{diff[0]}\" must be "
         'given for both the matrix and the vector engine',
         source=source, field='matrix', value=diff[0],
         allowed='the same datatypes in matrix and vector')

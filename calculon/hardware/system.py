@@ -72,17 +72,14 @@ class System:
 
   def check_datatype(self, datatype):
     """Raises ConfigError unless both engines support ``datatype`` (name)."""
-    if datatype not in DATATYPE_BYTES:
-      raise ConfigError(f'unsupported datatype {datatype!r}; supported: '
-                        + ', '.join(DATATYPE_NAMES), field='datatype',
-                        value=datatype)
-    code = DATATYPE_NAMES.index(datatype)
-    if not (self.matrix.supports(code) and self.vector.supports(code)):
-      have = sorted(self.config.matrix.peak_flops)
-      raise ConfigError(
-        f"datatype {datatype!r} is not supported by this system "
-        f"(its processors give throughput for: {', '.join(have)})",
-        field='datatype', value=datatype, allowed=', '.join(have))
+    have = sorted(self.config.matrix.peak_flops)
+    allowed = ('the system\'s processors give throughput for: ' +
+               ', '.join(f'"{d}"' for d in have))
+    if datatype not in DATATYPE_BYTES or not (
+        self.matrix.supports(DATATYPE_NAMES.index(datatype)) and
+        self.vector.supports(DATATYPE_NAMES.index(datatype))):
+      raise ConfigError(f'datatype "{datatype}" is not allowed: {allowed}',
+                        field='datatype', value=datatype, allowed=allowed)
 
   def processing_time_s(self, flops_time_s, mem_time_s):
     """Time of an operation given its compute and memory times.

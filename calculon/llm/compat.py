@@ -82,15 +82,16 @@ class _Execution:
 
   @staticmethod
   def from_json(cfg, source='<execution>'):
-    return _Execution(config=Execution.from_dict(cfg, source))
+    return _Execution(config=Execution.from_dict(cfg, source), source=source)
 
-  def __init__(self, *values, config=None):
+  def __init__(self, *values, config=None, source='<execution>'):
     if config is None:
       if len(values) != len(FIELDS):
         raise ConfigError(f'Llm.Execution takes {len(FIELDS)} values in the '
                           f'order {FIELDS}, got {len(values)}')
       config = Execution.from_dict(dict(zip(FIELDS, values)))
     self.config = config
+    self.source = source
     for name in FIELDS:
       setattr(self, name, getattr(config, name))
     self.global_batch_size = config.batch_size
@@ -183,7 +184,8 @@ class Llm:
     if not isinstance(sys, System):
       sys = System(sys)
     self.exe, self.sys = exe, sys
-    ev = evaluate_columns(self.app.config, sys, exe.columns())
+    ev = evaluate_columns(self.app.config, sys, exe.columns(),
+                          source=exe.source)
     code = int(ev.compile_reason)
     if code != OK:
       raise Llm.Error(ev.reason_message())

@@ -55,8 +55,8 @@ def check_compatible(app, system, exe, source='<execution>'):
       system.check_datatype(name)
     except ConfigError as err:
       i = _first(exe.datatype == code, shape)
-      raise ConfigError(f"{source}:{where(i)} field 'datatype' = {name!r} is "
-                        f'not allowed: {err}', source=source,
+      raise ConfigError(f"{source}:{where(i)} field 'datatype' = \"{name}\" is "
+                        f'not allowed: {err.allowed}', source=source,
                         field='datatype', value=name) from None
   tp = exe.tensor_par
   for what, size in (('hidden', app.hidden), ('feedforward', app.feedforward),

@@ -1,0 +1,46 @@
+"""Shared fixtures: paths, the reference's golden data, a CLI runner."""
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED = os.path.join(ROOT, '..', 'shared')
+GOLDEN = os.path.join(SHARED, 'reference', 'golden.json.gz')
+
+
+def repo(*parts):
+  """Path inside the repository."""
+  return os.path.join(ROOT, *parts)
+
+
+@pytest.fixture(scope='session')
+def golden():
+  """The reference's outputs (skips when ../shared is absent)."""
+  if not os.path.exists(GOLDEN):
+    pytest.skip(f'reference data not found at {GOLDEN}')
+  with gzip.open(GOLDEN, 'rt') as fd:
+    doc = json.load(fd)
+  if 'applications' not in doc:
+    with open(os.path.join(SHARED, 'reference', 'configs.json')) as fd:
+      cfg = json.load(fd)
+    doc['applications'], doc['systems'] = cfg['applications'], cfg['systems']
+  return doc
+
+
+def run_cli(*args, cwd=ROOT, timeout=300):
+  """Runs ``python -m calculon ARGS`` in a subprocess."""
+  env = dict(os.environ)
+  env['PYTHONPATH'] = ROOT + os.pathsep + env.get('PYTHONPATH', '')
+  return subprocess.run([sys.executable, '-m', 'calculon', *map(str, args)],
+                        cwd=cwd, capture_output=True, text=True,
+                        timeout=timeout, env=env)
+
+
+def load_json(path):
+  with open(path) as fd:
+    return json.load(fd)

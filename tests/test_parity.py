@@ -1,0 +1,123 @@
+"""Parity with Calculon's outputs (../shared/reference/golden.json.gz).
+
+Every case: the same success or failure, the same kind of failure (invalid
+input -> ConfigError, infeasible -> Llm.Error with the same message), and
+every statistic and per-layer statistic within a relative 1e-9.  The batch
+API must give the same numbers as the single-run API.
+"""
+
+import collections
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calculon import ConfigError, System
+from calculon.llm import Llm, evaluate
+
+RTOL = 1e-9
+
+
+def close(a, b):
+  if isinstance(a, bool) or isinstance(b, bool):
+    return bool(a) == bool(b)
+  if isinstance(a, str) or isinstance(b, str):
+    return a == b
+  if a is None or b is None:
+    return a is None and b is None
+  a, b = float(a), float(b)
+  if math.isnan(a) or math.isnan(b):
+    return math.isnan(a) and math.isnan(b)
+  return abs(a - b) <= 1e-12 + RTOL * max(abs(a), abs(b))
+
+
+def run_single(golden, case):
+  app = Llm.Application(golden['applications'][case['application']])
+  system = System(golden['systems'][case['system']])
+  exe = Llm.Execution.from_json(case['execution'])
+  model = Llm(app)
+  model.compile(system, exe)
+  model.run(system)
+  return model.get_stats_json('layers' in case.get('stats', {}))
+
+
+def test_every_golden_case_matches(golden):
+  mismatches = collections.Counter()
+  examples = []
+  for case in golden['cases']:
+    try:
+      got, err = run_single(golden, case), None
+    except (ConfigError, Llm.Error) as ex:
+      got, err = None, ex
+    if not case['ok']:
+      want = ConfigError if case['error_kind'] == 'invalid' else Llm.Error
+      if not isinstance(err, want):
+        mismatches['failure kind'] += 1
+        examples.append((case['id'], case['error'], repr(err)))
+      elif want is Llm.Error and not (
+          str(err) == case['error'] or str(err).startswith(case['error'] + ' (')):
+        mismatches['message'] += 1
+        examples.append((case['id'], case['error'], str(err)))
+      continue
+    if err is not None:
+      mismatches['raised'] += 1
+      examples.append((case['id'], repr(err)))
+      continue
+    for key, want in case['stats'].items():
+      if key == 'layers':
+        assert len(got['layers']) == len(want)
+        for gl, wl in zip(got['layers'], want):
+          for lk, lv in wl.items():
+            if not close(gl.get(lk), lv):
+              mismatches['layers.' + lk] += 1
+        continue
+      if not close(got.get(key), want):
+        mismatches[key] += 1
+        examples.append((case['id'], key, got.get(key), want))
+  assert not mismatches, (dict(mismatches), examples[:5])
+
+
+def test_golden_has_layers_and_all_kinds(golden):
+  """The golden set exercises what the test above claims to check."""
+  kinds = collections.Counter(
+    (c['ok'], c.get('error_kind')) for c in golden['cases'])
+  assert kinds[(True, None)] > 1000
+  assert kinds[(False, 'model')] > 1000
+  assert kinds[(False, 'invalid')] > 100
+  assert sum('layers' in c.get('stats', {}) for c in golden['cases']) > 100
+
+
+def test_batch_api_equals_single_run_and_reference(golden):
+  """evaluate() on DataFrames of all valid golden cases, grouped by
+  application and system, equals the reference and the single-run API."""
+  groups = collections.defaultdict(list)
+  for case in golden['cases']:
+    if case['ok'] or case['error_kind'] == 'model':
+      groups[(case['application'], case['system'])].append(case)
+  checked = 0
+  for (app_name, sys_name), cases in groups.items():
+    frame = pd.DataFrame([c['execution'] for c in cases])
+    out = evaluate(golden['applications'][app_name],
+                   golden['systems'][sys_name], frame)
+    assert len(out) == len(cases)
+    for row, case in zip(out.itertuples(index=False), cases):
+      row = row._asdict()
+      assert row['feasible'] == case['ok'], case['id']
+      if not case['ok']:
+        assert row['reason'].startswith(case['error']), case['id']
+        continue
+      single = run_single(golden, case)
+      for key, want in case['stats'].items():
+        if key == 'layers':
+          continue
+        got = row[key]
+        if want is None:
+          assert np.isnan(got), (case['id'], key)
+          continue
+        assert close(got, want), (case['id'], key, got, want)
+        s = single[key]
+        assert got == s or close(got, s) and abs(got - s) <= 1e-15 * abs(s), (
+          case['id'], key, got, s)
+      checked += 1
+  assert checked > 1000
