@@ -38,6 +38,8 @@ INTERLEAVING_NOT_FACTOR = 4
 OFFLOAD_TOO_FEW_BLOCKS = 5
 MEM1_TOO_SMALL = 6
 MEM2_TOO_SMALL = 7
+NON_FINITE = 8
+ENGINE_ERROR = 9
 #: Short names of the reasons (summaries, CSV).
 REASON_NAMES = {
   OK: 'ok', NETWORK_TOO_SMALL: 'network tier too small',
@@ -47,6 +49,8 @@ REASON_NAMES = {
   OFFLOAD_TOO_FEW_BLOCKS: 'offload needs >= 3 blocks per processor',
   MEM1_TOO_SMALL: 'memory tier 1 too small',
   MEM2_TOO_SMALL: 'memory tier 2 too small',
+  NON_FINITE: 'non-finite batch time',
+  ENGINE_ERROR: 'engine error',
 }
 
 
@@ -423,10 +427,12 @@ class Evaluation:
     pp, bpc, usage = self.pp, self.blocks_per_chunk, self.dp_usage
     sharded = e.optimizer_sharding
     optim_overlap = b.optim_time - b.optim_mem_time
-    bw_mem = b.agrad_mem_time + b.wgrad_mem_time + b.re_mem_time
+    # Calculon's recompute terms (running totals, see BlockTotals).
+    bw_mem = b.agrad_mem_time + b.wgrad_mem_time + b.dp_window_re_mem_time
     base_window = self.baseblock_bw_time_s - bw_mem
     edge_window = self.edgeblock_bw_time_s - bw_mem
-    compute = b.agrad_flops_time + b.wgrad_flops_time + b.re_flops_time
+    compute = b.agrad_flops_time + b.wgrad_flops_time + \
+      b.dp_window_re_flops_time
     # Without sharding the optimizer step (but its memory traffic) overlaps.
     base_window = np.where(sharded, base_window, base_window + optim_overlap)
     edge_window = np.where(sharded, edge_window, edge_window + optim_overlap)

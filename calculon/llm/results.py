@@ -96,6 +96,8 @@ class TableWriter:
 
   def write(self, columns):
     import pandas as pd
+    if not columns:
+      return
     frame = pd.DataFrame(columns)
     if self._fd is not None:
       if len(frame) or self._header:

@@ -21,7 +21,7 @@ and equal rates keep that order, exactly as Calculon's stable sort does.
 """
 
 from dataclasses import dataclass, field
-import math
+import logging
 
 import numpy as np
 
@@ -30,7 +30,8 @@ from calculon.config.execution import (
   DATATYPE_NAMES, RECOMPUTE_FULL, RECOMPUTE_NAMES, TP_COMM_NAMES,
   TP_COMM_RS_AG, TP_OVERLAP_NAMES)
 from calculon.llm import space
-from calculon.llm.model import Evaluation, REASON_NAMES
+from calculon.llm.model import (
+  Evaluation, REASON_NAMES, OK, NON_FINITE, ENGINE_ERROR)
 from calculon.parallel import imap
 
 #: Grid axes in Calculon's enumeration order (outermost first).
@@ -244,16 +245,44 @@ class ChunkResult:
   best: list = field(default_factory=list)
 
 
+def _rate_reason(spec, chunk):
+  """Sample rates and reason codes of a chunk (arrays of ``chunk.shape``).
+
+  If evaluating the chunk raises, it is cut along its next axis and the
+  parts are evaluated separately, down to single executions; an execution
+  that still raises gets reason ENGINE_ERROR (and is logged), so one bad
+  candidate never stops a search.  Non-finite batch times get NON_FINITE.
+  """
+  shape = chunk.shape
+  try:
+    ev = Evaluation(spec.app, spec.system, columns(spec, chunk))
+    with np.errstate(all='ignore'):
+      rate = np.broadcast_to(ev.sample_rate, shape)
+      reason = np.broadcast_to(ev.reason, shape)
+      bad = (reason == OK) & ~np.isfinite(rate)
+    if bad.any():
+      reason = np.where(bad, NON_FINITE, reason)
+    return rate, reason
+  except Exception as err:  # noqa: BLE001 -- isolate, count, go on
+    k = len(chunk.prefix)
+    if k == len(AXES):
+      record = execution_record(spec, chunk.group, chunk.offset)
+      logging.getLogger('calculon').error(
+        'engine error for execution %s: %s: %s', record,
+        type(err).__name__, err)
+      return np.full(shape, np.nan), np.full(shape, ENGINE_ERROR)
+    parts = [_rate_reason(spec, Chunk(chunk.group, chunk.prefix + (i,)))
+             for i in range(chunk.group.shape[k])]
+    return (np.concatenate([p[0] for p in parts], axis=k),
+            np.concatenate([p[1] for p in parts], axis=k))
+
+
 def evaluate_chunk(spec, chunk, top_n):
   """Evaluates a chunk; returns a :class:`ChunkResult` with its top-n."""
-  cols = columns(spec, chunk)
-  ev = Evaluation(spec.app, spec.system, cols)
   shape = chunk.shape
-  valid = np.broadcast_to(valid_mask(cols), shape)
-  with np.errstate(all='ignore'):
-    rate = np.broadcast_to(ev.sample_rate, shape)
-    reason = np.broadcast_to(ev.reason, shape)
-  feasible = (reason == 0) & valid & np.isfinite(rate)
+  valid = np.broadcast_to(valid_mask(columns(spec, chunk)), shape)
+  rate, reason = _rate_reason(spec, chunk)
+  feasible = (reason == OK) & valid
   considered = valid
   if spec.mbs_break:
     considered = valid & mbs_break_mask(feasible, valid)
@@ -441,23 +470,43 @@ def chunk_rows(spec, chunk):
   Returns:
     (columns dict name -> 1-d array in enumeration order, total executions,
     infeasible reason counts).  Execution fields hold Calculon values
-    (strings for categorical fields).
+    (strings for categorical fields).  A part of the chunk that makes the
+    engine raise is isolated as in :func:`evaluate_chunk` and counted as
+    ENGINE_ERROR.
   """
   from calculon.config.execution import FIELD_SPECS
   from calculon.llm.stats import stat_arrays
   cols = columns(spec, chunk)
-  ev = Evaluation(spec.app, spec.system, cols)
   shape = chunk.shape
   valid = np.broadcast_to(valid_mask(cols), shape)
-  with np.errstate(all='ignore'):
-    reason = np.broadcast_to(ev.reason, shape)
-    keep = valid & (reason == 0)
-    out = {}
-    for name, (fspec, names) in FIELD_SPECS.items():
-      arr = np.broadcast_to(getattr(cols, name), shape)[keep]
-      out[name] = np.asarray(names, dtype=object)[arr] if names else arr
-    for name, arr in stat_arrays(ev).items():
-      out[name] = arr[keep]
+  try:
+    ev = Evaluation(spec.app, spec.system, cols)
+    with np.errstate(all='ignore'):
+      reason = np.broadcast_to(ev.reason, shape)
+      rate = np.broadcast_to(ev.sample_rate, shape)
+      reason = np.where((reason == OK) & ~np.isfinite(rate), NON_FINITE,
+                        reason)
+      keep = valid & (reason == OK)
+      out = {}
+      for name, (fspec, names) in FIELD_SPECS.items():
+        arr = np.broadcast_to(getattr(cols, name), shape)[keep]
+        out[name] = np.asarray(names, dtype=object)[arr] if names else arr
+      for name, arr in stat_arrays(ev).items():
+        out[name] = arr[keep]
+  except Exception:  # noqa: BLE001 -- isolate the failing executions
+    k = len(chunk.prefix)
+    if k == len(AXES):
+      _rate_reason(spec, chunk)  # logs the error
+      return {}, int(valid.sum()), ({ENGINE_ERROR: 1} if valid.all() else {})
+    out, n, why = {}, 0, {}
+    for i in range(chunk.group.shape[k]):
+      rows, m, w = chunk_rows(spec, Chunk(chunk.group, chunk.prefix + (i,)))
+      for name, arr in rows.items():
+        out.setdefault(name, []).append(arr)
+      n += m
+      for code, c in w.items():
+        why[code] = why.get(code, 0) + c
+    return {name: np.concatenate(parts) for name, parts in out.items()}, n, why
   codes, counts = np.unique(reason[valid & ~keep], return_counts=True)
   return out, int(valid.sum()), {int(c): int(n) for c, n in zip(codes, counts)}
 

@@ -1,0 +1,204 @@
+"""The vectorized search against a brute-force loop over the single-run API.
+
+The brute force below is Calculon's ``llm-optimal-execution`` loop written
+out independently (nested loops in its order, Llm helpers, the -m break), so
+it checks the grid construction, the validity masks, the -m rule, the
+counts, the ranking and the tie order.
+"""
+
+import copy
+
+import numpy as np
+import pytest
+
+from calculon import System
+from calculon.config import Application
+from calculon.llm import Llm
+from calculon.llm import search as S
+from calculon.llm.model import ENGINE_ERROR
+from conftest import load_json, repo
+
+
+def tiny_system():
+  """One network tier, no tier-2 memory, 24 GiB of tier 1."""
+  cfg = load_json(repo('systems', 'a100_80g.json'))
+  cfg['networks'] = cfg['networks'][:1]
+  cfg['mem2']['GiB'] = 0
+  cfg['mem1']['GiB'] = 24
+  return cfg
+
+
+APP = load_json(repo('models', 'megatron-5B.json'))
+SYS = tiny_system()
+NUM_PROCS, MAX_BATCH = 4, 8
+FUSED = [False, True]
+
+
+def brute_force(mbs_break):
+  """Calculon's search loop: (rate, order, execution) of feasible ones, and
+  the number of executions evaluated."""
+  system = System(SYS)
+  app = Llm.Application(APP)
+  nets = range(system.num_networks)
+  has_mem2 = system.mem2.capacity > 0
+  found, evaluated, order = [], 0, 0
+  for tp in Llm.get_all_tensor_parallelisms(NUM_PROCS, app.hidden,
+                                            app.attn_heads):
+    for pp in Llm.get_all_pipeline_parallelisms(NUM_PROCS, tp,
+                                                app.num_blocks):
+      dp = Llm.get_data_parallelism(NUM_PROCS, tp, pp)
+      for ppint in Llm.get_valid_pipeline_interleavings(app.num_blocks, pp):
+        if dp > MAX_BATCH:
+          continue
+        batch = MAX_BATCH // dp * dp
+        for recompute in ['full', 'attn_only', 'none']:
+          for sharding in ([True, False] if dp > 1 else [False]):
+            for comm in ['ar', 'p2p_rs_ag', 'rs_ag']:
+              redo_opts = [True, False] if Llm.can_redo_ag(comm, recompute) \
+                else [False]
+              for redo in redo_opts:
+                for dpo in ([True, False] if dp > 1 else [False]):
+                  for tpo in (['none', 'ring', 'pipe'] if tp > 1
+                              else ['none']):
+                    for wo in ([True, False] if has_mem2 else [False]):
+                      aos = [False] if recompute == 'full' or not has_mem2 \
+                        else [True, False]
+                      for ao in aos:
+                        for oo in ([True, False] if has_mem2 else [False]):
+                          for fused in FUSED:
+                            for mbs in Llm.get_valid_microbatch_sizes(
+                                app.seq_size, tp, dp, batch, pp):
+                              good_before = len(found)
+                              for tn in (nets if tp > 1 else [0]):
+                                for pn in (nets if pp > 1 else [0]):
+                                  for dn in (nets if dp > 1 else [0]):
+                                    exe = dict(
+                                      num_procs=NUM_PROCS, tensor_par=tp,
+                                      pipeline_par=pp, data_par=dp,
+                                      tensor_par_net=tn, pipeline_par_net=pn,
+                                      data_par_net=dn, batch_size=batch,
+                                      microbatch_size=mbs, datatype='float16',
+                                      fused_activation=fused,
+                                      attention_type='multihead',
+                                      activation_recompute=recompute,
+                                      pipeline_interleaving=ppint,
+                                      optimizer_sharding=sharding,
+                                      tensor_par_comm_type=comm,
+                                      tensor_par_overlap=tpo,
+                                      seq_par_ag_redo=redo,
+                                      data_par_overlap=dpo, weight_offload=wo,
+                                      activations_offload=ao,
+                                      optimizer_offload=oo, training=True)
+                                    evaluated += 1
+                                    order += 1
+                                    try:
+                                      model = Llm(app)
+                                      model.compile(
+                                        system, Llm.Execution.from_json(exe))
+                                      model.run(system)
+                                    except Llm.Error:
+                                      continue
+                                    rate = model.get_stats_json()[
+                                      'sample_rate']
+                                    found.append((rate, order, exe))
+                              if mbs_break and len(found) == good_before:
+                                break
+  found.sort(key=lambda t: (-t[0], t[1]))
+  return found, evaluated
+
+
+@pytest.fixture(scope='module')
+def reference_runs():
+  return {mb: brute_force(mb) for mb in (False, True)}
+
+
+def spec(mbs_break):
+  return S.SearchSpec(Application.from_dict(APP), System(SYS), NUM_PROCS,
+                      MAX_BATCH, 'float16', FUSED, mbs_break=mbs_break)
+
+
+@pytest.mark.parametrize('mbs_break', [False, True])
+@pytest.mark.parametrize('chunk', [64, S.DEFAULT_CHUNK])
+def test_search_equals_brute_force(reference_runs, mbs_break, chunk):
+  found, evaluated = reference_runs[mbs_break]
+  sp = spec(mbs_break)
+  top_n = 25
+  result = S.optimal_executions(sp, top_n, workers=1, chunk_size=chunk)
+  assert result.evaluated == evaluated
+  assert result.feasible == len(found)
+  assert result.evaluated - result.feasible == sum(result.reasons.values())
+  got = [(rate, S.execution_record(sp, result.groups[g], flat))
+         for rate, g, flat in result.best]
+  want = [(rate, exe) for rate, _, exe in found[:top_n]]
+  assert got == want
+
+
+def test_space_is_large_enough_to_mean_something(reference_runs):
+  found, evaluated = reference_runs[False]
+  assert evaluated > 1000 and 100 < len(found) < evaluated
+  # -m skips executions here.
+  assert reference_runs[True][1] < evaluated
+
+
+def test_parallel_workers_give_the_same_result():
+  sp = spec(True)
+  one = S.optimal_executions(sp, 10, workers=1, chunk_size=128)
+  two = S.optimal_executions(sp, 10, workers=2, chunk_size=128)
+  assert one.best == two.best
+  assert (one.evaluated, one.feasible, one.reasons) == \
+    (two.evaluated, two.feasible, two.reasons)
+
+
+def test_a_candidate_that_raises_does_not_stop_the_search(monkeypatch):
+  """The engine raising for some executions (here: TP 4 with microbatch
+  size 2) only removes those executions, counted as 'engine error'."""
+  sp = spec(False)
+  clean = S.optimal_executions(sp, 50, workers=1)
+
+  class Broken(S.Evaluation):
+    def __init__(self, app, system, exe):
+      super().__init__(app, system, exe)
+      if np.all(exe.tensor_par == 4) and np.any(exe.microbatch_size == 2):
+        raise ZeroDivisionError('injected failure')
+
+  monkeypatch.setattr(S, 'Evaluation', Broken)
+  result = S.optimal_executions(sp, 50, workers=1)
+  n_mbs2 = 0
+  for g in result.groups:
+    if g.tp == 4 and 2 in g.values['microbatch_size']:
+      n_mbs2 += S.valid_count(sp, g) // len(g.values['microbatch_size'])
+  assert n_mbs2 > 0
+  assert result.reasons[ENGINE_ERROR] == n_mbs2
+  assert result.evaluated == clean.evaluated
+  def broken(b):
+    exe = S.execution_record(sp, result.groups[b[1]], b[2])
+    return exe['tensor_par'] == 4 and exe['microbatch_size'] == 2
+  kept = [b for b in clean.best if not broken(b)]
+  assert len(kept) < len(clean.best)
+  assert result.best[:len(kept)] == kept
+  assert not any(broken(b) for b in result.best)
+
+
+def test_all_executions_rows_equal_feasible_set(reference_runs):
+  found, _ = reference_runs[False]
+  rows = {}
+  total = 0
+  for cols, n, _ in S.all_executions(spec(False), workers=1, chunk_size=100):
+    total += n
+    for name, arr in cols.items():
+      rows.setdefault(name, []).extend(list(arr))
+  assert len(rows['sample_rate']) == len(found)
+  # Same executions, in enumeration order.
+  by_order = sorted(found, key=lambda t: t[1])
+  assert [r for r, _, _ in by_order] == rows['sample_rate']
+  assert [e['microbatch_size'] for _, _, e in by_order] == \
+    [int(x) for x in rows['microbatch_size']]
+  assert set(rows['activation_recompute']) <= {'full', 'attn_only', 'none'}
+
+
+def test_batch_size_and_group_space():
+  sp = spec(False)
+  gs = S.groups(sp)
+  assert [(g.tp, g.pp, g.dp, g.batch_size) for g in gs][:3] == [
+    (1, 1, 4, 8), (1, 2, 2, 8), (1, 4, 1, 8)]
+  assert S.count_space(sp) == sum(S.valid_count(sp, g) for g in gs)
