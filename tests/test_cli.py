@@ -181,8 +181,8 @@ def test_no_feasible_execution(tmp_path):
 @pytest.mark.parametrize('name', ['all.csv', 'all.csv.gz', 'all.parquet'])
 def test_all_executions_formats(tmp_path, name):
   out = tmp_path / name
-  res = run_cli('llm-all-executions', repo('models', 'megatron-5B.json'), 8,
-                16, 'float16', SYS, out, '-c', 2)
+  res = run_cli('llm-all-executions', repo('models', 'megatron-5B.json'), 4,
+                8, 'float16', SYS, out, '-c', 2)
   assert res.returncode == 0, res.stderr
   good = int(next(line for line in res.stdout.splitlines()
                   if line.startswith('Good executions:')).split(':')[1])

@@ -55,14 +55,23 @@ def run_single(golden, case):
   return model.get_stats_json('layers' in case.get('stats', {}))
 
 
-def test_every_golden_case_matches(golden):
+@pytest.fixture(scope='module')
+def single_runs(golden):
+  """case id -> (stats, None) or (None, exception), each case run once."""
+  out = {}
+  for case in golden['cases']:
+    try:
+      out[case['id']] = (run_single(golden, case), None)
+    except (ConfigError, Llm.Error) as ex:
+      out[case['id']] = (None, ex)
+  return out
+
+
+def test_every_golden_case_matches(golden, single_runs):
   mismatches = collections.Counter()
   examples = []
   for case in golden['cases']:
-    try:
-      got, err = run_single(golden, case), None
-    except (ConfigError, Llm.Error) as ex:
-      got, err = None, ex
+    got, err = single_runs[case['id']]
     if not case['ok']:
       want = ConfigError if case['error_kind'] == 'invalid' else Llm.Error
       if not isinstance(err, want):
@@ -103,7 +112,7 @@ def test_golden_has_layers_and_all_kinds(golden):
   assert sum('layers' in c.get('stats', {}) for c in golden['cases']) > 100
 
 
-def test_batch_api_equals_single_run_and_reference(golden):
+def test_batch_api_equals_single_run_and_reference(golden, single_runs):
   """evaluate() on DataFrames of all valid golden cases, grouped by
   application and system, equals the reference and the single-run API."""
   groups = collections.defaultdict(list)
@@ -122,7 +131,7 @@ def test_batch_api_equals_single_run_and_reference(golden):
       if not case['ok']:
         assert row['reason'].startswith(case['error']), case['id']
         continue
-      single = run_single(golden, case)
+      single = single_runs[case['id']][0]
       for key, want in case['stats'].items():
         if key == 'layers' or key in IGNORED:
           continue
@@ -143,7 +152,7 @@ def test_ignored_statistics_are_exactly_the_recompute_ones():
                      'block_re_mem_accessed', 'block_re_mem_time'}
 
 
-def test_recompute_statistics_are_the_recomputed_layers(golden):
+def test_recompute_statistics_are_the_recomputed_layers(golden, single_runs):
   """The corrected recompute statistics: the forward cost of the recomputed
   layers -- all of them with full recomputation, none without -- and never
   above Calculon's running-total values."""
@@ -156,7 +165,7 @@ def test_recompute_statistics_are_the_recomputed_layers(golden):
     if not case['ok']:
       continue
     exe = case['execution']
-    got = run_single(golden, case)
+    got = single_runs[case['id']][0]
     mode = exe['activation_recompute'] if exe['training'] else 'inference'
     for re_key, fw_key in pairs:
       assert got[re_key] <= case['stats'][re_key] * (1 + RTOL), case['id']

@@ -67,10 +67,11 @@ def _atomic_csv(frame, filename, index):
 
 
 class TableWriter:
-  """Streams row chunks to .csv, .csv.gz or .parquet.
+  """Streams row chunks to .csv, .csv.gz or .parquet (pyarrow writers).
 
   Use as a context manager; :meth:`write` takes a dict of equal-length 1-d
-  arrays.  Rows already written stay readable if the run is interrupted.
+  arrays with the same columns each time.  Rows already written stay
+  readable if the run is interrupted.
 
   Raises:
     ConfigError: unsupported file extension.
@@ -81,45 +82,59 @@ class TableWriter:
       raise ConfigError(f'{filename}: output must be *.csv, *.csv.gz or '
                         '*.parquet', source=filename)
     self.filename = filename
-    self._fd = None
-    self._parquet = None
-    self._header = True
-    self._empty = None
+    self._sink = None
+    self._writer = None
+    self._schema = None
 
   def __enter__(self):
-    if self.filename.endswith('.parquet'):
-      return self
-    self._fd = gzip.open(self.filename, 'wt', newline='') \
-      if self.filename.endswith('.gz') else open(self.filename, 'w',
-                                                 newline='')
     return self
 
+  def _open(self, schema):
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+    self._schema = schema
+    if self.filename.endswith('.parquet'):
+      self._writer = pq.ParquetWriter(self.filename, schema)
+      return
+    if self.filename.endswith('.gz'):
+      # Level 1: several times faster than the default for ~25% more bytes.
+      self._sink = gzip.open(self.filename, 'wb', compresslevel=1)
+    else:
+      self._sink = pa.OSFile(self.filename, 'wb')
+    self._writer = pacsv.CSVWriter(self._sink, schema)
+
   def write(self, columns):
-    import pandas as pd
+    import pyarrow as pa
     if not columns:
       return
-    frame = pd.DataFrame(columns)
-    if self._fd is not None:
-      if len(frame) or self._header:
-        frame.to_csv(self._fd, index=False, header=self._header)
-        self._header = False
-      return
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    if not len(frame):
-      self._empty = frame
-      return
-    table = pa.Table.from_pandas(frame, preserve_index=False)
-    if self._parquet is None:
-      self._parquet = pq.ParquetWriter(self.filename, table.schema)
-    self._parquet.write_table(table.cast(self._parquet.schema))
+    table = pa.table({name: _arrow(arr) for name, arr in columns.items()})
+    if self._writer is None:
+      self._open(table.schema)
+    self._writer.write_table(table.cast(self._schema))
 
   def __exit__(self, *exc):
-    if self._fd is not None:
-      self._fd.close()
-    if self._parquet is not None:
-      self._parquet.close()
-    elif self.filename.endswith('.parquet') and self._empty is not None:
-      self._empty.to_parquet(self.filename, index=False)
+    if self._writer is not None:
+      self._writer.close()
+    if self._sink is not None:
+      self._sink.close()
+    if self._writer is None:
+      # Nothing feasible: still write a readable (empty) file.
+      open(self.filename, 'wb').close() if not self.filename.endswith(
+        '.parquet') else _empty_parquet(self.filename)
     return False
 
+
+def _arrow(values):
+  import numpy as np
+  import pyarrow as pa
+  arr = np.asarray(values)
+  if arr.dtype == object:
+    return pa.array(arr.tolist(), type=pa.string())
+  return pa.array(arr)
+
+
+def _empty_parquet(filename):
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+  pq.write_table(pa.table({}), filename)
