@@ -209,3 +209,24 @@ def test_bin_script_runs_from_a_checkout(tmp_path):
                        text=True, env=env, cwd=tmp_path)
   assert res.returncode == 0, res.stderr
   assert 'samples/s' in res.stdout
+
+
+def test_ctrl_c_writes_the_best_so_far_marked_partial(tmp_path):
+  import signal
+  import time
+  out = tmp_path / 'best.json'
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  proc = subprocess.Popen(
+    [sys.executable, '-m', 'calculon', 'loe', repo('models', 'gpt3-175B.json'),
+     '1024', '1536', 'float16', SYS, str(out), '-t', '3', '-c', '1', '-q'],
+    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+  time.sleep(2.0)
+  proc.send_signal(signal.SIGINT)
+  stdout, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == 130, stderr
+  assert 'partial' in stdout
+  best = load_json(out)
+  assert list(best) == ['0', '1', '2']
+  assert all(entry['partial'] is True for entry in best.values())
+  total = int(stdout.split('Total executions: ')[1].split()[0])
+  assert 0 < total < 11698528
