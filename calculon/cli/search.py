@@ -57,6 +57,10 @@ def _common(p, outputs):
                  help='no progress bar')
   p.add_argument('--chunk', type=_positive, default=None,
                  help='executions per vectorized chunk (memory vs. speed)')
+  p.add_argument('--no-tp-overlap', action='store_true',
+                 help="don't try TP communication overlap")
+  p.add_argument('--no-dp-overlap', action='store_true',
+                 help="don't try DP communication overlap")
 
 
 def add_parsers(sp):
@@ -73,10 +77,6 @@ def add_parsers(sp):
                  help='number of best executions to write (default 1)')
   p.add_argument('-l', '--layers', action='store_true',
                  help='include per-layer statistics')
-  p.add_argument('--no-tp-overlap', action='store_true',
-                 help="don't try TP communication overlap")
-  p.add_argument('--no-dp-overlap', action='store_true',
-                 help="don't try DP communication overlap")
   p.set_defaults(func=run_optimal)
 
   q = sp.add_parser(
@@ -85,8 +85,7 @@ def add_parsers(sp):
     description='Evaluate the whole search space and stream every feasible '
     'execution with all its statistics to a table.')
   _common(q, '*.csv, *.csv.gz, *.parquet')
-  q.set_defaults(func=run_all, mbs_break=False, no_tp_overlap=False,
-                 no_dp_overlap=False)
+  q.set_defaults(func=run_all, mbs_break=False)
 
 
 def _spec(args):
