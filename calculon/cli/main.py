@@ -15,8 +15,8 @@ EXIT_OK, EXIT_INFEASIBLE, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def _commands():
-  from calculon.cli import llm, search, validation, tools
-  return [llm, search, validation, tools]
+  from calculon.cli import llm, search, validation, tools, sweep, plot
+  return [llm, search, validation, tools, sweep, plot]
 
 
 def build_parser():

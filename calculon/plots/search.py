@@ -1,0 +1,5 @@
+"""Plots of search results."""
+
+
+def add_plot_parsers(kinds):
+  pass

@@ -1,0 +1,5 @@
+"""Plots of sweep results."""
+
+
+def add_plot_parsers(kinds):
+  pass
