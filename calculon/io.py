@@ -105,3 +105,82 @@ def load_system(filename):
   """System from a JSON file (ConfigError on any problem)."""
   from calculon.hardware import System
   return System(read_json_file(filename), filename)
+
+
+# -- result tables ---------------------------------------------------------------
+
+def read_table(filename):
+  """A result file as a pandas DataFrame, one row per execution.
+
+  Accepts .csv, .csv.gz, .parquet, and .json/.json.gz in Calculon's search
+  output structure ({"0": {"execution": {...}, "stats": {...}}, ...}; the
+  key becomes the ``rank`` column, per-layer statistics are dropped) or a
+  JSON list of flat records.
+
+  Raises:
+    ConfigError: missing file, unknown extension or unreadable content.
+  """
+  import pandas as pd
+  if not os.path.exists(filename):
+    raise ConfigError(f'{filename}: no such file', source=filename)
+  try:
+    if is_csv_extension(filename):
+      frame = pd.read_csv(filename)
+      if len(frame.columns) and frame.columns[0].startswith('Unnamed'):
+        frame = frame.rename(columns={frame.columns[0]: 'rank'})
+      return frame
+    if filename.endswith('.parquet'):
+      return pd.read_parquet(filename)
+  except (ValueError, OSError) as err:
+    raise ConfigError(f'{filename}: cannot be read as a table: {err}',
+                      source=filename) from None
+  if not is_json_extension(filename):
+    raise ConfigError(f'{filename}: unknown table format (use .csv, .csv.gz, '
+                      '.parquet, .json or .json.gz)', source=filename)
+  data = read_json_file(filename)
+  if isinstance(data, list):
+    return pd.DataFrame(data)
+  if isinstance(data, dict) and all(isinstance(v, dict) for v in data.values()):
+    rows = []
+    for key, entry in data.items():
+      row = {'rank': int(key) if str(key).isdigit() else key}
+      for part in ('execution', 'stats'):
+        row.update({k: v for k, v in entry.get(part, {}).items()
+                    if k != 'layers'})
+      row.update({k: v for k, v in entry.items()
+                  if k not in ('execution', 'stats')})
+      rows.append(row)
+    return pd.DataFrame(rows)
+  raise ConfigError(f'{filename}: not a result file: expected '
+                    '{"0": {"execution": ..., "stats": ...}} or a list of '
+                    'records', source=filename)
+
+
+def write_table(frame, filename):
+  """Writes a result DataFrame as .csv(.gz), .parquet or .json(.gz).
+
+  JSON uses Calculon's search output structure when the 23 execution fields
+  are columns (the other columns go to "stats"), else a list of records.
+
+  Raises:
+    ConfigError: unknown extension.
+  """
+  from calculon.config.execution import FIELDS
+  if is_csv_extension(filename):
+    frame.to_csv(filename, index=False)
+  elif filename.endswith('.parquet'):
+    frame.to_parquet(filename, index=False)
+  elif is_json_extension(filename):
+    records = frame.to_dict(orient='records')
+    if all(f in frame.columns for f in FIELDS):
+      out = {}
+      for i, row in enumerate(records):
+        key = str(row.pop('rank', i))
+        out[key] = {'execution': {f: row.pop(f) for f in FIELDS},
+                    'stats': row}
+      write_json_file(out, filename)
+    else:
+      write_json_file(records, filename)
+  else:
+    raise ConfigError(f'{filename}: unknown table format (use .csv, .csv.gz, '
+                      '.parquet, .json or .json.gz)', source=filename)

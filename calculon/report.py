@@ -1,73 +1,343 @@
-"""Human-readable reports of a run (reads statistics only, never the model).
+"""Reports of one run: speed, time, memory, bandwidth, model summary.
+
+Reporters read statistics (Calculon's, the extra ones and the per-layer
+ones) and the configurations; they never reach into the model.  Sections
+follow what training profilers print (speed, time, memory and system
+reports, model summary).
+
+* :func:`text_report` -- the human-readable report of ``calculon llm ... -``.
+* :func:`write_run_report` -- the same as files: ``report.md``,
+  ``summary.json``, CSV tables and PNG charts.
 """
+
+import os
 
 from calculon.units import human_format
 
+#: (label, statistic) of the batch time, in the order they add up.
+TIME_PARTS = (
+  ('forward', 'fw_time'),
+  ('backward', 'bw_time'),
+  ('optimizer step', 'optim_step_time'),
+  ('recompute', 'recompute_time'),
+  ('pipeline bubble', 'bubble_time'),
+  ('TP communication (exposed)', 'tp_comm_exposed_time'),
+  ('TP re-communication (exposed)', 'recomm_exposed_time'),
+  ('PP communication (exposed)', 'pp_comm_exposed_time'),
+  ('DP communication (exposed)', 'dp_comm_exposed_time'),
+  ('forward offload (exposed)', 'fw_offload_exposed_time'),
+  ('backward offload (exposed)', 'bw_offload_exposed_time'),
+)
+#: (label, extra-statistic prefix) of the memory kinds.
+MEMORY_KINDS = (
+  ('weights', 'weights'),
+  ('activations', 'activations'),
+  ('activation checkpoints', 'checkpoints'),
+  ('activation gradients', 'activation_gradients'),
+  ('weight gradients', 'weight_gradients'),
+  ('optimizer state', 'optimizer'),
+)
 
-def text_report(app, exe, system, stats):
-  """A readable, unit-labelled summary of one run's statistics.
+
+class RunData:
+  """Everything a report shows about one run (plain data).
 
   Args:
     app: Application config; exe: Execution config; system: System;
-    stats: dict of statistics (Calculon names).
+    stats: Calculon statistics dict (with 'layers' for the model summary);
+    extra: extra statistics dict (see calculon.llm.stats.EXTRA_STATS).
   """
-  def t(name):
-    return f'{stats[name]:.4f} s'
 
-  def b(name):
-    value = stats[name]
-    return 'n/a' if value is None else human_format(value, 'bytes')
+  def __init__(self, app, exe, system, stats, extra):
+    self.app, self.exe, self.system = app, exe, system
+    self.stats, self.extra = stats, extra
 
-  def bw(name):
-    return human_format(stats[name], 'bandwidth')
+  @classmethod
+  def from_model(cls, model):
+    """From a run :class:`calculon.llm.Llm` (compiled and run)."""
+    return cls(model.app.config, model.exe.config, model.sys,
+               model.get_stats_json(True), model.get_extra_stats_json())
 
-  lines = [
-    '=' * 72,
+  # -- tables (lists of rows) ------------------------------------------------
+  def speed(self):
+    s, x, exe = self.stats, self.extra, self.exe
+    peak = self.system.config.matrix.peak_flops[exe.datatype] / 1e12
+    return [
+      ('batch time', s['total_time'], 's'),
+      ('sample rate', s['sample_rate'], 'samples/s'),
+      ('tokens per second', x['tokens_per_sec'], 'tokens/s'),
+      ('model TFLOP/s per processor', x['model_tflops_per_proc'],
+       f'TFLOP/s (peak {peak:g})'),
+      ('MFU (model FLOP utilization)', 100 * x['mfu'], '%'),
+      ('HFU (hardware FLOP utilization)', 100 * x['hfu'], '%'),
+      ('compute efficiency (Calculon)', 100 * s['compute_efficiency'], '%'),
+      ('system efficiency (Calculon)', 100 * s['system_efficiency'], '%'),
+      ('total efficiency (Calculon)', 100 * s['total_efficiency'], '%'),
+    ]
+
+  def time_breakdown(self):
+    """[(part, seconds, share of the batch time)]."""
+    total = self.stats['total_time']
+    return [(label, self.stats[key], self.stats[key] / total if total else 0)
+            for label, key in TIME_PARTS]
+
+  def memory(self):
+    """[(kind, tier-1 bytes, tier-2 bytes)] and the totals row."""
+    rows = [(label, self.extra[f'{key}_tier1_bytes'] or 0,
+             self.extra[f'{key}_tier2_bytes'] or 0)
+            for label, key in MEMORY_KINDS]
+    return rows
+
+  def capacities(self):
+    return (self.system.mem1.capacity_bytes, self.system.mem2.capacity_bytes)
+
+  def bandwidth(self):
+    """[(requirement, needed bytes/s, available bytes/s or None)]."""
+    s, exe, nets = self.stats, self.exe, self.system.networks.tiers
+
+    def link(tier):
+      n = nets[tier]
+      return n.bandwidth_bytes_per_s * n.efficiency
+    mem2 = self.system.mem2.bandwidth_bytes_per_s
+    return [
+      (f'TP overlap (tier {exe.tensor_par_net})', s['tp_bw_overlap_req'],
+       link(exe.tensor_par_net)),
+      (f'DP overlap, chunks (tier {exe.data_par_net})',
+       s['dp_bw_overlap_req_chunk'], link(exe.data_par_net)),
+      (f'DP overlap, last chunk (tier {exe.data_par_net})',
+       s['dp_bw_overlap_req_tail'], link(exe.data_par_net)),
+      ('activation offload (tier 2)', s['act_offload_bw_req'], mem2),
+      ('weight offload (tier 2)', s['weight_offload_bw_req'], mem2),
+      ('optimizer offload (tier 2)', s['optim_offload_bw_req'], mem2),
+      ('offload as configured (tier 2)', s['offload_mem_bw_req'], mem2),
+    ]
+
+  def layers(self):
+    """Per-layer rows of the model summary (one block, one microbatch)."""
+    bpe = {'float8': 1, 'float16': 2, 'bfloat16': 2, 'float32': 4}[
+      self.exe.datatype]
+    rows = []
+    for layer in self.stats.get('layers', []):
+      rows.append({
+        'layer': layer['name'],
+        'parameters': layer['weight'] / bpe,
+        'fw_flops': layer['fw_flops'],
+        'bw_flops': layer['agrad_flops'] + layer['wgrad_flops'],
+        'fw_bytes': layer['fw_mem_accessed'],
+        'fw_time_s': layer['fw_processing_time'],
+        'agrad_time_s': layer['agrad_processing_time'],
+        'wgrad_time_s': layer['wgrad_processing_time'],
+        'tp_comm_time_s': layer['baseblock_fw_tp_comm_time'] +
+        layer['baseblock_bw_tp_comm_time'],
+        'activation_bytes': layer['activation'],
+      })
+    return rows
+
+
+def _b(value):
+  if value is None:
+    return 'n/a'
+  if value == 0:
+    return '0 B'
+  return human_format(value, 'bytes')
+
+
+def _bw(value):
+  if value is None:
+    return 'n/a'
+  return human_format(value, 'bandwidth')
+
+
+def _bar(share, width=30):
+  n = int(round(share * width))
+  return '#' * n + '.' * (width - n)
+
+
+def header_lines(data):
+  app, exe = data.app, data.exe
+  return [
     f'Model: {app.num_blocks} blocks, hidden {app.hidden}, feedforward '
     f'{app.feedforward}, {app.attn_heads} heads x {app.attn_size}, sequence '
     f'{app.seq_size} ({human_format(app.num_parameters())} parameters)',
     f'Run: {exe.num_procs} processors, TP={exe.tensor_par} '
     f'PP={exe.pipeline_par} DP={exe.data_par}, batch {exe.batch_size}, '
     f'microbatch {exe.microbatch_size}, {exe.datatype}, '
-    f"{'training' if exe.training else 'inference'}",
-    '',
-    'Time per batch',
-    f'  forward            {t("fw_time")}',
-    f'  backward           {t("bw_time")}',
-    f'  optimizer step     {t("optim_step_time")}',
-    f'  recompute          {t("recompute_time")}',
-    f'  recomm (exposed)   {t("recomm_exposed_time")}',
-    f'  pipeline bubble    {t("bubble_time")}',
-    f'  TP comm (exposed)  {t("tp_comm_exposed_time")}   '
-    f'(on link {t("tp_comm_link_time")})',
-    f'  PP comm (exposed)  {t("pp_comm_exposed_time")}   '
-    f'(on link {t("pp_comm_link_time")})',
-    f'  DP comm (exposed)  {t("dp_comm_exposed_time")}   '
-    f'(on link {t("dp_comm_link_time")})',
-    f'  FW offload (exp.)  {t("fw_offload_exposed_time")}',
-    f'  BW offload (exp.)  {t("bw_offload_exposed_time")}',
-    f'  total              {t("total_time")}',
-    '',
-    'Memory per processor',
-    f'  weights            {b("weight_space")}',
-    f'  activations        {b("act_space")}',
-    f'  act. checkpoints   {b("act_checkpoint_size")}',
-    f'  act. gradients     {b("act_grad_space")}',
-    f'  weight gradients   {b("weight_grad_space")}',
-    f'  optimizer state    {b("optimizer_space")}',
-    f'  tier 1 needed      {b("proc_mem_tier1_cap_req")} of '
-    f'{human_format(system.mem1.capacity_bytes, "bytes")}',
-    f'  tier 2 needed      {b("proc_mem_tier2_cap_req")} of '
-    f'{human_format(system.mem2.capacity_bytes, "bytes")}',
-    '',
-    'Bandwidth needed',
-    f'  offload (tier 2)   {bw("offload_mem_bw_req")}',
-    f'  TP overlap         {bw("tp_bw_overlap_req")}',
-    '',
-    'Efficiency',
-    f'  compute            {stats["compute_efficiency"] * 100:.2f} %',
-    f'  system             {stats["system_efficiency"] * 100:.2f} %',
-    f'  total              {stats["total_efficiency"] * 100:.2f} %',
-    f'  sample rate        {stats["sample_rate"]:.2f} samples/s',
+    f"{'training' if exe.training else 'inference'}, recompute "
+    f'{exe.activation_recompute}, interleaving {exe.pipeline_interleaving}',
   ]
+
+
+def text_report(data, layers=True):
+  """The readable report (a string) of :class:`RunData` ``data``."""
+  lines = ['=' * 78] + header_lines(data) + ['', 'Speed']
+  for label, value, unit in data.speed():
+    lines.append(f'  {label:<34} {value:>12.3f} {unit}')
+  lines += ['', 'Time per batch (adds up to the batch time)']
+  for label, seconds, share in data.time_breakdown():
+    lines.append(f'  {label:<30} {seconds:>10.4f} s {100 * share:6.2f} % '
+                 f'{_bar(share)}')
+  lines.append(f"  {'total':<30} {data.stats['total_time']:>10.4f} s")
+  cap1, cap2 = data.capacities()
+  lines += ['', 'Memory per processor           tier 1        tier 2']
+  for label, t1, t2 in data.memory():
+    lines.append(f'  {label:<26} {_b(t1):>12}  {_b(t2):>12}')
+  lines.append(f"  {'needed':<26} {_b(data.stats['proc_mem_tier1_cap_req']):>12}"
+               f"  {_b(data.stats['proc_mem_tier2_cap_req']):>12}")
+  lines.append(f"  {'capacity':<26} {_b(cap1):>12}  {_b(cap2):>12}")
+  lines += ['', 'Bandwidth needed (to hide the transfer) vs available']
+  for label, need, have in data.bandwidth():
+    lines.append(f'  {label:<34} {_bw(need):>14}  of {_bw(have)}')
+  lines += ['', 'Communication on the link (s): '
+            f"TP {data.stats['tp_comm_link_time']:.4f}, "
+            f"PP {data.stats['pp_comm_link_time']:.4f}, "
+            f"DP {data.stats['dp_comm_link_time']:.4f}, "
+            f"TP redo {data.stats['recomm_link_time']:.4f}"]
+  if layers and data.stats.get('layers'):
+    lines += ['', 'Model summary (one block, one microbatch, one processor)',
+              f"  {'layer':<30} {'params':>9} {'fw FLOP':>10} {'bw FLOP':>10} "
+              f"{'fw ms':>8} {'bw ms':>8} {'act':>11}"]
+    for row in data.layers():
+      lines.append(
+        f"  {row['layer']:<30} {human_format(row['parameters'], precision=1):>9} "
+        f"{human_format(row['fw_flops'], precision=1):>10} "
+        f"{human_format(row['bw_flops'], precision=1):>10} "
+        f"{1e3 * row['fw_time_s']:>8.3f} "
+        f"{1e3 * (row['agrad_time_s'] + row['wgrad_time_s']):>8.3f} "
+        f"{_b(row['activation_bytes']):>11}")
   return '\n'.join(lines)
+
+
+def _markdown_table(columns, rows):
+  out = ['| ' + ' | '.join(columns) + ' |',
+         '|' + '|'.join('---' for _ in columns) + '|']
+  for row in rows:
+    out.append('| ' + ' | '.join(str(c) for c in row) + ' |')
+  return '\n'.join(out)
+
+
+def write_run_report(directory, data):
+  """Writes the report of :class:`RunData` ``data`` into ``directory``.
+
+  Files: ``report.md`` (all sections), ``report.txt`` (the text report),
+  ``summary.json`` (execution, statistics, extra statistics),
+  ``time_breakdown.csv``, ``memory.csv``, ``bandwidth.csv``, ``layers.csv``,
+  ``time_breakdown.png`` (stacked bar), ``memory.png`` (memory by kind and
+  tier against capacity).
+
+  Returns:
+    list of the paths written.
+  """
+  import pandas as pd
+  from calculon import io
+  os.makedirs(directory, exist_ok=True)
+  path = lambda name: os.path.join(directory, name)  # noqa: E731
+  written = []
+  time_df = pd.DataFrame(data.time_breakdown(),
+                         columns=['part', 'seconds', 'share'])
+  mem_df = pd.DataFrame(data.memory(),
+                        columns=['kind', 'tier1_bytes', 'tier2_bytes'])
+  bw_df = pd.DataFrame(data.bandwidth(), columns=[
+    'requirement', 'needed_bytes_per_s', 'available_bytes_per_s'])
+  layers_df = pd.DataFrame(data.layers())
+  for name, frame in (('time_breakdown.csv', time_df), ('memory.csv', mem_df),
+                      ('bandwidth.csv', bw_df), ('layers.csv', layers_df)):
+    frame.to_csv(path(name), index=False)
+    written.append(path(name))
+  stats = {k: v for k, v in data.stats.items() if k != 'layers'}
+  io.write_json_file({'application': data.app.to_dict(),
+                      'execution': data.exe.to_dict(), 'stats': stats,
+                      'extra_stats': data.extra}, path('summary.json'))
+  written.append(path('summary.json'))
+  with open(path('report.txt'), 'w') as fd:
+    fd.write(text_report(data) + '\n')
+  written.append(path('report.txt'))
+  written += _charts(directory, data)
+
+  cap1, cap2 = data.capacities()
+  md = ['# calculon run report', ''] + [f'- {h}' for h in header_lines(data)]
+  md += ['', '## Speed', '', _markdown_table(
+    ['metric', 'value', 'unit'],
+    [(label, f'{value:.4g}', unit) for label, value, unit in data.speed()])]
+  md += ['', '## Time per batch', '', '![time](time_breakdown.png)', '',
+         _markdown_table(['part', 'seconds', '% of batch'],
+                         [(p, f'{s:.4f}', f'{100 * f:.2f}')
+                          for p, s, f in data.time_breakdown()] +
+                         [('**total**', f"{data.stats['total_time']:.4f}",
+                           '100.00')])]
+  md += ['', '## Memory per processor', '', '![memory](memory.png)', '',
+         _markdown_table(['kind', 'tier 1', 'tier 2'],
+                         [(k, _b(a), _b(b)) for k, a, b in data.memory()] +
+                         [('**needed**',
+                           _b(data.stats['proc_mem_tier1_cap_req']),
+                           _b(data.stats['proc_mem_tier2_cap_req'])),
+                          ('capacity', _b(cap1), _b(cap2))])]
+  md += ['', '## Bandwidth needed vs available', '', _markdown_table(
+    ['requirement', 'needed', 'available'],
+    [(r, _bw(n), _bw(a)) for r, n, a in data.bandwidth()])]
+  md += ['', '## Model summary (one block, one microbatch)', '',
+         _markdown_table(
+           ['layer', 'parameters', 'fw FLOP', 'bw FLOP', 'fw bytes',
+            'fw ms', 'agrad ms', 'wgrad ms', 'activation'],
+           [(r['layer'], human_format(r['parameters'], precision=2),
+             human_format(r['fw_flops'], precision=2),
+             human_format(r['bw_flops'], precision=2),
+             _b(r['fw_bytes']), f"{1e3 * r['fw_time_s']:.3f}",
+             f"{1e3 * r['agrad_time_s']:.3f}",
+             f"{1e3 * r['wgrad_time_s']:.3f}", _b(r['activation_bytes']))
+            for r in data.layers()])]
+  with open(path('report.md'), 'w') as fd:
+    fd.write('\n'.join(md) + '\n')
+  written.append(path('report.md'))
+  return written
+
+
+def _charts(directory, data):
+  from calculon.plots.common import figure, save
+  import numpy as np
+  paths = []
+  # Time breakdown: one horizontal stacked bar, a segment per part.
+  fig, ax = figure(9, 3.2)
+  left = 0.0
+  cmap = __import__('matplotlib').colormaps['tab20']
+  for i, (label, seconds, share) in enumerate(data.time_breakdown()):
+    if seconds <= 0:
+      continue
+    ax.barh([0], [seconds], left=left, color=cmap(i), edgecolor='white',
+            label=f'{label} ({100 * share:.1f}%)')
+    left += seconds
+  ax.set_yticks([])
+  ax.set_xlabel('seconds per batch')
+  ax.set_title(f"Batch time {data.stats['total_time']:.3f} s")
+  ax.legend(loc='upper center', bbox_to_anchor=(0.5, -0.35), ncol=3,
+            fontsize=7, frameon=False)
+  paths.append(save(fig, os.path.join(directory, 'time_breakdown.png')))
+
+  # Memory: one panel per tier (own scale), stacked by kind, vs capacity.
+  import matplotlib.pyplot as plt
+  rows = data.memory()
+  gib = 2 ** 30
+  caps = data.capacities()
+  tiers = [0, 1] if any(t2 for _, _, t2 in rows) else [0]
+  fig, axes = plt.subplots(1, len(tiers), figsize=(5.5 * len(tiers) + 1, 4.5),
+                           squeeze=False)
+  for ax, tier in zip(axes[0], tiers):
+    bottom = 0.0
+    for i, row in enumerate(rows):
+      value = row[1 + tier] / gib
+      ax.bar([0], [value], bottom=bottom, color=cmap(2 * i), width=0.6,
+             label=f'{row[0]} ({value:.1f} GiB)')
+      bottom += value
+    cap = caps[tier] / gib
+    if cap < 1e6:
+      ax.axhline(cap, color='red', linestyle='--')
+      ax.annotate(f'capacity {cap:g} GiB', (0, cap), textcoords='offset points',
+                  xytext=(0, 4), ha='center', fontsize=8, color='red')
+      ax.set_ylim(0, max(cap, bottom) * 1.15)
+    ax.set_xticks([])
+    ax.set_title(f'tier {tier + 1}: {bottom:.1f} GiB needed')
+    ax.set_ylabel('GiB per processor')
+    ax.set_xlim(-0.5, 0.5)
+    ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.02, 1),
+              frameon=False)
+  paths.append(save(fig, os.path.join(directory, 'memory.png')))
+  return paths

@@ -44,3 +44,16 @@ def run_cli(*args, cwd=ROOT, timeout=300):
 def load_json(path):
   with open(path) as fd:
     return json.load(fd)
+
+
+def assert_png(path, min_bytes=10_000):
+  """The file is a PNG that opens, is not tiny, and is not blank."""
+  import matplotlib.image as mpimg
+  import numpy as np
+  assert os.path.getsize(path) > min_bytes, path
+  with open(path, 'rb') as fd:
+    assert fd.read(8) == b'\x89PNG\r\n\x1a\n', path
+  image = mpimg.imread(path)
+  assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+  colors = np.unique(image.reshape(-1, image.shape[2]).round(2), axis=0)
+  assert len(colors) > 20, f'{path}: looks blank ({len(colors)} colors)'

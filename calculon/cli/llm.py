@@ -23,7 +23,8 @@ def add_parsers(sp):
   p.add_argument('-l', '--layers', action='store_true',
                  help='include per-layer statistics in the stats file')
   p.add_argument('--report', metavar='DIR', default=None,
-                 help='also write the report, tables and charts to DIR')
+                 help='also write the report (report.md), its tables (CSV), '
+                 'summary.json and charts (PNG) to DIR')
   p.set_defaults(func=run_llm)
 
   q = sp.add_parser('llm-parameter-calculator', aliases=['lpc'],
@@ -59,9 +60,9 @@ def run_llm(args, log):
   if args.peers:
     io.write_json_file(exe.get_peers_json(), args.peers)
   if args.report:
-    from calculon.report import write_run_report
-    write_run_report(args.report, model)
-    log.info(f'Report: {args.report}')
+    from calculon.report import RunData, write_run_report
+    write_run_report(args.report, RunData.from_model(model))
+    log.info(f'Report: {args.report}/report.md')
   return EXIT_OK
 
 

@@ -61,6 +61,7 @@ def _logger(args):
 
 def main(argv=None):
   """Runs the command line; returns the exit status."""
+  logging.raiseExceptions = False  # e.g. stdout closed by `| head`
   parser = build_parser()
   args = parser.parse_args(argv)
   try:

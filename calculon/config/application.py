@@ -50,17 +50,22 @@ class Application:
     """The JSON object of this application."""
     return asdict(self)
 
+  def block_parameters(self):
+    """Trainable parameters of one transformer block (elements): MLP and
+    attention weights, their biases and two layer norms."""
+    h, f = self.hidden, self.feedforward
+    attn = self.attn_heads * self.attn_size
+    return (2 * h * f + 4 * h * attn      # weights
+            + h + f                        # MLP biases
+            + 3 * attn + h                 # attention biases
+            + 2 * 2 * h)                   # two layer norms
+
   def num_parameters(self):
     """Number of trainable parameters (elements).
 
     Formula: Narayanan et al. 2021 (SC'21), equation 2, written out per
-    block: MLP and attention weights, their biases, two layer norms, plus the
-    embedding table (vocabulary 51,200) and learned position embeddings.
+    block (:meth:`block_parameters`) plus the embedding table (vocabulary
+    51,200) and learned position embeddings.
     """
-    h, f = self.hidden, self.feedforward
-    attn = self.attn_heads * self.attn_size
-    per_block = (2 * h * f + 4 * h * attn      # weights
-                 + h + f                        # MLP biases
-                 + 3 * attn + h                 # attention biases
-                 + 2 * 2 * h)                   # two layer norms
-    return per_block * self.num_blocks + (EMBEDDING_VOCAB + self.seq_size) * h
+    return self.block_parameters() * self.num_blocks + \
+      (EMBEDDING_VOCAB + self.seq_size) * self.hidden

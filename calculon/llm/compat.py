@@ -27,7 +27,7 @@ from calculon.errors import ConfigError, Infeasible
 from calculon.hardware import System
 from calculon.llm.engine import evaluate_columns
 from calculon.llm.model import MEM1_TOO_SMALL, MEM2_TOO_SMALL, OK
-from calculon.llm.stats import STATS, STAT_NAMES, stat_value
+from calculon.llm.stats import STATS, STAT_NAMES, EXTRA_STATS, stat_value
 from calculon.llm.layer_stats import layer_stats_json
 from calculon.llm.space import (
   factors, tensor_parallelisms, pipeline_parallelisms, data_parallelism,
@@ -225,9 +225,15 @@ class Llm:
       out['layers'] = [layer_stats_json(layer) for layer in self._eval.layers]
     return out
 
+  def get_extra_stats_json(self):
+    """Statistics beyond Calculon's (tokens/s, MFU, HFU, memory per tier
+    and kind...), see :data:`calculon.llm.stats.EXTRA_STATS`."""
+    self._require_run()
+    return {s.name: to_python(stat_value(self._eval, s), s.unit)
+            for s in EXTRA_STATS}
+
   def display_stats(self):
     """Logs the human-readable report."""
-    from calculon.report import text_report
+    from calculon.report import RunData, text_report
     self._require_run()
-    self.log.info(text_report(self.app.config, self.exe.config, self.sys,
-                              self.get_stats_json()))
+    self.log.info(text_report(RunData.from_model(self)))

@@ -604,23 +604,53 @@ class Evaluation:
     return np.where(self.training, self.block.optimizer_bytes * 2, 0)
 
   @cached_property
-  def _mem_reqs(self):
+  def memory_by_kind(self):
+    """Where each kind of memory lives: {kind: (tier-1 bytes, tier-2
+    bytes)} for 'weights', 'activations', 'checkpoints',
+    'weight_gradients', 'optimizer', 'activation_gradients'.
+
+    An offloaded kind keeps its double-buffered working set in tier 1 (the
+    "min" sizes) and all of it in tier 2; activation gradients stay in tier 1.
+    (Calculon, memory model; the sums are :attr:`mem1_bytes` and
+    :attr:`mem2_bytes`.)
+    """
     e = self.exe
     wo, ao, oo = e.weight_offload, e.activations_offload, e.optimizer_offload
     full = self.full_recompute
-    t1 = 0 + np.where(wo, self.weight_bytes_min, self.weight_bytes)
-    t2 = 0 + np.where(wo, self.weight_bytes, 0)
-    t1 = t1 + np.where(ao, self.act_bytes_min, self.act_bytes)
-    t1 = t1 + np.where(ao, np.where(full, self.act_checkpoint_bytes_min, 0),
-                       self.act_checkpoint_bytes)
-    t2 = t2 + np.where(ao, np.where(full, self.act_checkpoint_bytes,
-                                    self.act_bytes), 0)
-    t1 = np.where(oo, t1 + self.weight_grad_bytes_min + self.optimizer_bytes_min,
-                  t1 + (self.weight_grad_bytes + self.optimizer_bytes))
-    t2 = t2 + np.where(oo, self.block.weight_grad_bytes *
-                       self.blocks_per_proc, 0)
-    t2 = t2 + np.where(oo, self.optimizer_bytes, 0)
-    t1 = t1 + self.act_grad_bytes
+    return {
+      'weights': (np.where(wo, self.weight_bytes_min, self.weight_bytes),
+                  np.where(wo, self.weight_bytes, 0)),
+      'activations': (np.where(ao, self.act_bytes_min, self.act_bytes),
+                      np.where(ao & ~full, self.act_bytes, 0)),
+      'checkpoints': (np.where(ao, np.where(full, self.act_checkpoint_bytes_min,
+                                            0), self.act_checkpoint_bytes),
+                      np.where(ao & full, self.act_checkpoint_bytes, 0)),
+      'weight_gradients': (np.where(oo, self.weight_grad_bytes_min,
+                                    self.weight_grad_bytes),
+                           np.where(oo, self.block.weight_grad_bytes *
+                                    self.blocks_per_proc, 0)),
+      'optimizer': (np.where(oo, self.optimizer_bytes_min,
+                             self.optimizer_bytes),
+                    np.where(oo, self.optimizer_bytes, 0)),
+      'activation_gradients': (self.act_grad_bytes, 0),
+    }
+
+  @cached_property
+  def _mem_reqs(self):
+    # Summed in Calculon's order and grouping (bit-identical totals).
+    kinds = self.memory_by_kind
+    oo = self.exe.optimizer_offload
+    w, a, c = kinds['weights'], kinds['activations'], kinds['checkpoints']
+    g, o = kinds['weight_gradients'], kinds['optimizer']
+    t1 = 0 + w[0]
+    t1 = t1 + a[0]
+    t1 = t1 + c[0]
+    t1 = np.where(oo, t1 + g[0] + o[0], t1 + (g[0] + o[0]))
+    t1 = t1 + kinds['activation_gradients'][0]
+    t2 = 0 + w[1]
+    t2 = t2 + (a[1] + c[1])
+    t2 = t2 + g[1]
+    t2 = t2 + o[1]
     return t1, t2
 
   @cached_property
@@ -727,6 +757,56 @@ class Evaluation:
     model's block FLOP including recomputation-free backward)."""
     with np.errstate(divide='ignore', invalid='ignore'):
       return self._perfect_time_s / self.total_time_s
+
+  # -- speed in the field's units ------------------------------------------------
+  @cached_property
+  def tokens_per_s(self):
+    """Tokens per second: sample rate x sequence length."""
+    return self.sample_rate * self.app.seq_size
+
+  @cached_property
+  def model_flops_per_batch(self):
+    """Model FLOP of one batch, PaLM's definition (Chowdhery et al. 2022,
+    appendix B): per token 6 N + 12 L H Q T, with N the non-embedding
+    parameters, L blocks, H heads of width Q, T the sequence; one third of it
+    for inference (forward only).  Recomputation is not model FLOP."""
+    app = self.app
+    per_token = 6 * app.block_parameters() * app.num_blocks + \
+      12 * app.num_blocks * app.attn_heads * app.attn_size * app.seq_size
+    flops = float(per_token) * self.exe.batch_size * app.seq_size
+    return np.where(self.training, flops, flops / 3)
+
+  @cached_property
+  def _peak_flops(self):
+    return self.system.matrix.peak_flops(self.exe.datatype)
+
+  @cached_property
+  def model_tflops_per_proc(self):
+    """Model TFLOP/s achieved per processor (model FLOP / batch time /
+    processors / 1e12)."""
+    with np.errstate(divide='ignore', invalid='ignore'):
+      return self.model_flops_per_batch / self.exe.num_procs / \
+        self.total_time_s / 1e12
+
+  @cached_property
+  def mfu(self):
+    """Model FLOP utilization: model FLOP/s per processor / matrix peak."""
+    return self.model_tflops_per_proc * 1e12 / self._peak_flops
+
+  @cached_property
+  def hardware_flops_per_proc(self):
+    """FLOP one processor executes per batch: every block's forward,
+    recomputation, backward, TP reduction arithmetic, and the optimizer."""
+    b = self.block
+    work = b.fw_flops + b.re_flops + b.agrad_flops + b.wgrad_flops
+    return self._mult * work + self.blocks_per_proc * b.optim_flops
+
+  @cached_property
+  def hfu(self):
+    """Hardware FLOP utilization: executed FLOP/s / matrix peak."""
+    with np.errstate(divide='ignore', invalid='ignore'):
+      return self.hardware_flops_per_proc / self.total_time_s / \
+        self._peak_flops
 
   # -- feasibility ------------------------------------------------------------------
   @cached_property

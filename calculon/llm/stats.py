@@ -112,7 +112,24 @@ STATS = (
   _S('sample_rate', 'sample_rate', '1/s', 'samples per second'),
 )
 STAT_NAMES = tuple(s.name for s in STATS)
-STATS_BY_NAME = {s.name: s for s in STATS}
+
+#: More statistics, beyond Calculon's list (reports, DataFrames).
+EXTRA_STATS = (
+  _S('tokens_per_sec', 'tokens_per_s', '1/s', 'tokens per second'),
+  _S('model_flops_per_batch', 'model_flops_per_batch', 'FLOP', 'model FLOP of one batch (PaLM definition)'),
+  _S('model_tflops_per_proc', 'model_tflops_per_proc', 'TFLOP/s', 'model TFLOP/s per processor'),
+  _S('mfu', 'mfu', '1', 'model FLOP utilization'),
+  _S('hardware_flops_per_proc', 'hardware_flops_per_proc', 'FLOP', 'FLOP executed per processor per batch'),
+  _S('hfu', 'hfu', '1', 'hardware FLOP utilization'),
+  _S('blocks_per_proc', 'blocks_per_proc', '1', 'transformer blocks per processor'),
+  _S('num_microbatches', 'num_microbatches', '1', 'microbatches per batch per replica'),
+) + tuple(
+  _S(f'{kind}_tier{t + 1}_bytes', f'memory_by_kind.{kind}.{t}', 'B',
+     f"{kind.replace('_', ' ')} in memory tier {t + 1}")
+  for kind in ('weights', 'activations', 'checkpoints', 'weight_gradients',
+               'optimizer', 'activation_gradients') for t in (0, 1))
+EXTRA_STAT_NAMES = tuple(s.name for s in EXTRA_STATS)
+STATS_BY_NAME = {s.name: s for s in STATS + EXTRA_STATS}
 
 
 def stat_value(evaluation, stat):
@@ -121,7 +138,8 @@ def stat_value(evaluation, stat):
     stat = STATS_BY_NAME[stat]
   obj = evaluation
   for part in stat.attr.split('.'):
-    obj = getattr(obj, part)
+    obj = obj[int(part)] if part.isdigit() else (
+      obj[part] if isinstance(obj, dict) else getattr(obj, part))
   return obj
 
 

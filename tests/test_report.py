@@ -1,0 +1,187 @@
+"""Run reports, search plots, result conversion, measured-run comparison."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calculon import System
+from calculon.llm import Llm
+from calculon.measured import smoothed_rates
+from calculon.report import RunData, TIME_PARTS, text_report
+from conftest import assert_png, load_json, repo, run_cli
+
+APP = repo('models', 'megatron-1T.json')
+EXE = repo('examples', '3072_t4_p64_d12_mbs4_full.json')
+SYS = repo('systems', 'a100_80g.json')
+
+
+def run_model(exe_cfg=None):
+  model = Llm(Llm.Application(load_json(APP)))
+  system = System(load_json(SYS))
+  model.compile(system, Llm.Execution.from_json(exe_cfg or load_json(EXE)))
+  model.run(system)
+  return model
+
+
+def test_time_breakdown_adds_up_and_memory_matches_requirements():
+  exe = load_json(EXE)
+  exe.update(pipeline_par=16, data_par=48, weight_offload=True,
+             optimizer_offload=True)
+  data = RunData.from_model(run_model(exe))
+  parts = data.time_breakdown()
+  assert [p[0] for p in parts] == [label for label, _ in TIME_PARTS]
+  assert sum(s for _, s, _ in parts) == pytest.approx(
+    data.stats['total_time'], rel=1e-12)
+  assert sum(f for _, _, f in parts) == pytest.approx(1.0)
+  mem = data.memory()
+  assert sum(t1 for _, t1, _ in mem) == pytest.approx(
+    data.stats['proc_mem_tier1_cap_req'], rel=1e-12)
+  assert sum(t2 for _, _, t2 in mem) == pytest.approx(
+    data.stats['proc_mem_tier2_cap_req'], rel=1e-12)
+  assert dict((k, t2) for k, _, t2 in mem)['weights'] == \
+    data.stats['weight_space']
+
+
+def test_speed_metrics():
+  model = run_model()
+  stats, extra = model.get_stats_json(), model.get_extra_stats_json()
+  app = load_json(APP)
+  assert extra['tokens_per_sec'] == pytest.approx(
+    stats['sample_rate'] * app['seq_size'])
+  # PaLM model FLOP: 6 N + 12 L H Q T per token, N without embeddings.
+  blocks = Llm.Application(app).config
+  n = blocks.block_parameters() * app['num_blocks']
+  per_token = 6 * n + 12 * app['num_blocks'] * app['attn_heads'] * \
+    app['attn_size'] * app['seq_size']
+  flops = per_token * 3072 * app['seq_size']
+  assert extra['model_flops_per_batch'] == pytest.approx(flops, rel=1e-12)
+  assert extra['mfu'] == pytest.approx(
+    flops / 3072 / stats['total_time'] / 312e12, rel=1e-12)
+  # Full recomputation: the hardware runs ~4/3 of the model FLOP.
+  assert 1.25 < extra['hfu'] / extra['mfu'] < 1.4
+  assert extra['blocks_per_proc'] == 2 and extra['num_microbatches'] == 64
+
+
+def test_text_report_sections():
+  text = text_report(RunData.from_model(run_model()))
+  for part in ('Speed', 'MFU', 'HFU', 'tokens per second',
+               'Time per batch', 'pipeline bubble', 'Memory per processor',
+               'activation checkpoints', 'Bandwidth needed',
+               'Model summary', 'AttnBlock_Query', 'MlpBlock_Mlp2'):
+    assert part in text, part
+
+
+def test_cli_report_directory(tmp_path):
+  out = tmp_path / 'report'
+  res = run_cli('llm', APP, EXE, SYS, '-', '--report', out)
+  assert res.returncode == 0, res.stderr
+  assert 'Model summary' in res.stdout
+  for name in ('report.md', 'report.txt', 'summary.json',
+               'time_breakdown.csv', 'memory.csv', 'bandwidth.csv',
+               'layers.csv'):
+    assert (out / name).stat().st_size > 100, name
+  assert_png(out / 'time_breakdown.png')
+  assert_png(out / 'memory.png')
+  md = (out / 'report.md').read_text()
+  assert '![time](time_breakdown.png)' in md and '## Model summary' in md
+  layers = pd.read_csv(out / 'layers.csv')
+  assert len(layers) == 24
+  summary = load_json(out / 'summary.json')
+  assert summary['stats']['total_time'] == run_model().get_stats_json()[
+    'total_time']
+  # Parameters in the model summary add up to the block's parameters.
+  block = Llm.Application(load_json(APP)).config.block_parameters()
+  assert layers['parameters'].sum() == pytest.approx(block / 4, rel=1e-3)
+
+
+@pytest.fixture(scope='module')
+def all_executions(tmp_path_factory):
+  out = tmp_path_factory.mktemp('lae') / 'all.parquet'
+  res = run_cli('lae', repo('models', 'megatron-22B.json'), 64, 128,
+                'float16', SYS, out, '-q')
+  assert res.returncode == 0, res.stderr
+  return out
+
+
+@pytest.mark.parametrize('kind,extra', [
+  ('heatmap', []), ('3d', []), ('vs', ['--x', 'data_par']),
+  ('vs', ['--x', 'microbatch_size', '--hue', 'pipeline_par'])])
+def test_search_plots(all_executions, tmp_path, kind, extra):
+  png = tmp_path / f'{kind}.png'
+  res = run_cli('plot', kind, all_executions, png, *extra)
+  assert res.returncode == 0, res.stderr
+  assert_png(png)
+
+
+def test_heatmap_grid_is_the_best_per_tp_pp(all_executions):
+  from calculon.plots.search import best_grid
+  frame = pd.read_parquet(all_executions)
+  tps, pps, grid = best_grid(frame, 'tensor_par', 'pipeline_par',
+                             'sample_rate')
+  best = frame.loc[frame['sample_rate'].idxmax()]
+  i, j = tps.index(best['tensor_par']), pps.index(best['pipeline_par'])
+  assert grid[i, j] == best['sample_rate'] == np.nanmax(grid)
+  assert np.isnan(grid).sum() > 0   # e.g. TP 64 with PP 16 is not in space
+
+
+def test_plot_bad_column(all_executions, tmp_path):
+  res = run_cli('plot', 'vs', all_executions, tmp_path / 'x.png', '--x',
+                'nope')
+  assert res.returncode == 2 and "no column 'nope'" in res.stderr
+
+
+@pytest.mark.parametrize('chain', [
+  ['best.json', 'b.csv', 'b.parquet', 'c.json'],
+  ['best.json', 'b.csv.gz', 'c.json.gz']])
+def test_convert_round_trip(tmp_path, chain):
+  first = tmp_path / chain[0]
+  res = run_cli('loe', repo('models', 'megatron-5B.json'), 16, 32, 'float16',
+                SYS, first, '-t', 3, '-c', 1)
+  assert res.returncode == 0, res.stderr
+  for src, dst in zip(chain, chain[1:]):
+    res = run_cli('convert', tmp_path / src, tmp_path / dst)
+    assert res.returncode == 0, res.stderr
+  from calculon.io import read_table
+  a, b = read_table(str(first)), read_table(str(tmp_path / chain[-1]))
+  assert list(a.columns) == list(b.columns)
+  pd.testing.assert_frame_equal(a, b, check_dtype=False)
+
+
+def test_compare_measured_json_with_workers(tmp_path):
+  log = tmp_path / 'performance.json'
+  log.write_text(json.dumps({
+    'total_samples': 5000, 'total_time': 200.0, 'samples_per_sec': 25.0,
+    'ordinals': [{'total_samples': 2500, 'total_time': 200.0,
+                  'samples_per_sec': 12.5}] * 2}))
+  res = run_cli('compare-measured', log, APP, EXE, SYS)
+  assert res.returncode == 0, res.stderr
+  rate = run_model().get_stats_json()['sample_rate']
+  line = next(l for l in res.stdout.splitlines() if 'GlobalRate)' in l)
+  assert f'{rate:.6g}' in line and '25' in line
+  assert f'{100 * (rate - 25) / 25:.2f}%' in line
+  assert 'worker 1: 2500 samples' in res.stdout
+
+
+def test_compare_measured_step_csv(tmp_path):
+  log = tmp_path / 'steps.csv'
+  log.write_text('step,step_time_s\n1,200\n2,133\n3,131\n4,132\n')
+  res = run_cli('compare-measured', log, APP, EXE, SYS, '--skip', 1)
+  assert res.returncode == 0, res.stderr
+  assert f'{3 * 3072 / 396:.6g}' in res.stdout   # GlobalRate, 3 steps
+  assert 'Rate, smoothed' in res.stdout
+
+
+def test_smoothed_rate_definition():
+  rates = smoothed_rates([10, 10, 10], [1.0, 2.0, 1.0])
+  assert rates[0] == 10
+  assert rates[1] == pytest.approx(0.4 * 10 + 0.6 * 5)
+  assert rates[2] == pytest.approx(0.4 * rates[1] + 0.6 * 10)
+
+
+def test_compare_measured_bad_log(tmp_path):
+  log = tmp_path / 'steps.csv'
+  log.write_text('step,loss\n1,2.0\n')
+  res = run_cli('compare-measured', log, APP, EXE, SYS)
+  assert res.returncode == 2 and 'step-time column' in res.stderr
