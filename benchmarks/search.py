@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Search benchmark: prints a table of executions/s, wall time, peak memory.
+"""Search benchmark: prints a table of executions/s, wall time, peak memory,
+and whether the best execution re-priced through the single-run API has the
+same statistics.
 
 Usage (from the repository root):
   python benchmarks/search.py [--cpus N] [--only a|b] [--repeat K]
@@ -68,11 +70,28 @@ def run(key, cpus):
     sampler.join()
     if proc.returncode != 0:
       raise SystemExit(f'{label} failed:\n{log}')
+    same = single_run_matches(args[0], args[4], output)
   total = int(re.search(r'Total executions: (\d+)', log).group(1))
   best = float(re.search(r'Best sample rate: ([\d.e+-]+)', log).group(1))
   inner = float(re.search(r'calcs/sec \(([\d.]+) s\)', log).group(1))
   return dict(label=label, executions=total, wall_s=wall, search_s=inner,
-              rate=total / wall, peak_mib=peak[0] / 2 ** 20, best=best)
+              rate=total / wall, peak_mib=peak[0] / 2 ** 20, best=best,
+              same=same)
+
+
+def single_run_matches(app_path, sys_path, output):
+  """The best execution priced again through the single-run API has the
+  same statistics as the search wrote."""
+  sys.path.insert(0, ROOT)
+  from calculon import System
+  from calculon.io import read_json_file
+  from calculon.llm import Llm
+  best = read_json_file(output)['0']
+  model = Llm(Llm.Application(read_json_file(os.path.join(ROOT, app_path))))
+  system = System(read_json_file(os.path.join(ROOT, sys_path)))
+  model.compile(system, Llm.Execution.from_json(best['execution']))
+  model.run(system)
+  return model.get_stats_json() == best['stats']
 
 
 def main():
@@ -92,13 +111,14 @@ def main():
         f'{psutil.virtual_memory().total / 2 ** 30:.0f} GiB; '
         f'python {sys.version.split()[0]}')
   head = (f"{'search':<52} {'executions':>11} {'wall s':>8} {'search s':>9} "
-          f"{'exe/s (wall)':>13} {'peak MiB':>9} {'best rate':>12}")
+          f"{'exe/s (wall)':>13} {'peak MiB':>9} {'best rate':>12} "
+          f"{'single run':>10}")
   print(head)
   print('-' * len(head))
   for r in rows:
     print(f"{r['label']:<52} {r['executions']:>11,} {r['wall_s']:>8.2f} "
           f"{r['search_s']:>9.2f} {r['rate']:>13,.0f} {r['peak_mib']:>9.0f} "
-          f"{r['best']:>12.4f}")
+          f"{r['best']:>12.4f} {'same' if r['same'] else 'DIFFERENT':>10}")
 
 
 if __name__ == '__main__':

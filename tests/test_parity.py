@@ -7,6 +7,7 @@ API must give the same numbers as the single-run API.
 """
 
 import collections
+import json
 import math
 
 import numpy as np
@@ -184,3 +185,48 @@ def test_recompute_statistics_are_the_recomputed_layers(golden, single_runs):
         assert 0 < got[re_key] < got[fw_key], (case['id'], re_key)
     seen[mode] += 1
   assert min(seen.values()) > 50, seen
+
+
+def _write_case_files(golden, case, folder):
+  paths = []
+  for name, data in (('app.json', golden['applications'][case['application']]),
+                     ('exe.json', case['execution']),
+                     ('sys.json', golden['systems'][case['system']])):
+    path = folder / name
+    path.write_text(json.dumps(data))
+    paths.append(str(path))
+  return paths
+
+
+def test_cli_exits_2_for_every_invalid_case_and_1_when_infeasible(
+    golden, tmp_path, capsys):
+  """Through the command line (in-process entry point): every invalid
+  golden case exits 2 with one 'calculon: error:' line, infeasible ones
+  exit 1 with Calculon's message."""
+  from calculon.cli.main import main
+  invalid = [c for c in golden['cases'] if c.get('error_kind') == 'invalid']
+  infeasible = [c for c in golden['cases']
+                if c.get('error_kind') == 'model'][:100]
+  for case in invalid + infeasible:
+    app, exe, sys_ = _write_case_files(golden, case, tmp_path)
+    code = main(['llm', app, exe, sys_, '-'])
+    out, err = capsys.readouterr()
+    if case['error_kind'] == 'invalid':
+      assert code == 2, case['id']
+      assert err.startswith('calculon: error: ') and err.count('\n') == 1
+    else:
+      assert code == 1, case['id']
+      assert out.startswith('ERROR: ' + case['error'])
+
+
+def test_cli_subprocess_for_some_invalid_cases(golden, tmp_path):
+  from conftest import run_cli
+  seen = set()
+  for case in golden['cases']:
+    if case.get('error_kind') != 'invalid' or case['error'] in seen:
+      continue
+    seen.add(case['error'])
+    res = run_cli('llm', *_write_case_files(golden, case, tmp_path), '-')
+    assert res.returncode == 2, (case['id'], res.stderr)
+    assert 'Traceback' not in res.stderr
+  assert len(seen) >= 5
