@@ -14,7 +14,7 @@ from calculon.config.execution import DATATYPE_NAMES, TP_COMM_AR
 from calculon.errors import ConfigError
 from calculon.hardware import System
 from calculon.llm.model import Evaluation
-from calculon.llm.stats import STATS, STAT_NAMES, stat_arrays
+from calculon.llm.stats import STATS, STAT_NAMES, EXTRA_STAT_NAMES, stat_arrays
 
 
 def _first(bad, shape):
@@ -129,8 +129,10 @@ def evaluate(application, system, executions, *, source='<executions>'):
 
   Returns:
     DataFrame with the execution columns, every statistic of
-    :data:`~calculon.llm.stats.STATS` (Calculon's names and units), and
-    ``feasible`` (bool) and ``reason`` (str, '' when feasible).  Statistics of
+    :data:`~calculon.llm.stats.STATS` (Calculon's names and units), those of
+    :data:`~calculon.llm.stats.EXTRA_STATS` (tokens/s, MFU, HFU, memory per
+    tier and kind...), and ``feasible`` (bool) and ``reason`` (str, '' when
+    feasible).  Statistics of
     infeasible executions are computed anyway.
 
   Raises:
@@ -140,9 +142,10 @@ def evaluate(application, system, executions, *, source='<executions>'):
   import pandas as pd
   cols = ExecutionColumns.from_frame(executions, source)
   ev = evaluate_columns(application, system, cols, source=source)
-  arrays = stat_arrays(ev)
+  names = STAT_NAMES + EXTRA_STAT_NAMES
+  arrays = stat_arrays(ev, names)
   out = executions.reset_index(drop=True).copy()
-  stats = pd.DataFrame({name: arrays[name] for name in STAT_NAMES})
+  stats = pd.DataFrame({name: arrays[name] for name in names})
   out = pd.concat([out, stats], axis=1)
   feasible = np.broadcast_to(ev.feasible, cols.shape)
   out['feasible'] = feasible
