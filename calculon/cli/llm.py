@@ -40,18 +40,10 @@ def run_llm(args, log):
   if not (args.stats == '-' or io.is_json_extension(args.stats)):
     raise ConfigError(f"{args.stats}: stats output must be '-', *.json or "
                       '*.json.gz', source=args.stats)
-  app = Llm.Application(io.read_json_file(args.application), args.application)
-  exe = Llm.Execution.from_json(io.read_json_file(args.execution),
-                                args.execution)
-  from calculon.hardware import System
-  system = System(io.read_json_file(args.system), args.system)
-  model = Llm(app, log)
-  try:
-    model.compile(system, exe)
-    model.run(system)
-  except Llm.Error as err:
-    print(f'ERROR: {err}')
+  model = run_files(args.application, args.execution, args.system, log)
+  if model is None:
     return EXIT_INFEASIBLE
+  exe = model.exe
   stats = model.get_stats_json(args.layers)
   if args.stats == '-':
     model.display_stats()
@@ -64,6 +56,30 @@ def run_llm(args, log):
     write_run_report(args.report, RunData.from_model(model))
     log.info(f'Report: {args.report}/report.md')
   return EXIT_OK
+
+
+def run_files(app_path, exe_path, sys_path, log):
+  """Loads and runs one execution from its three files.
+
+  Returns:
+    the run :class:`Llm`, or None when infeasible (after printing Calculon's
+    ``ERROR: <reason>`` line).
+
+  Raises:
+    ConfigError: a file is missing or invalid.
+  """
+  from calculon.hardware import System
+  app = Llm.Application(io.read_json_file(app_path), app_path)
+  exe = Llm.Execution.from_json(io.read_json_file(exe_path), exe_path)
+  system = System(io.read_json_file(sys_path), sys_path)
+  model = Llm(app, log)
+  try:
+    model.compile(system, exe)
+    model.run(system)
+  except Llm.Error as err:
+    print(f'ERROR: {err}')
+    return None
+  return model
 
 
 def run_parameter_calculator(args, log):

@@ -37,21 +37,13 @@ def run_convert(args, log):
 
 
 def run_compare(args, log):
-  from calculon.hardware import System
-  from calculon.llm import Llm
+  from calculon.cli.llm import run_files
   from calculon.measured import comparison_rows, read_run, SMOOTHING
-  app = Llm.Application(io.read_json_file(args.application), args.application)
-  exe = Llm.Execution.from_json(io.read_json_file(args.execution),
-                                args.execution)
-  system = System(io.read_json_file(args.system), args.system)
-  measured = read_run(args.run_log, exe.batch_size, args.skip)
-  model = Llm(app, log)
-  try:
-    model.compile(system, exe)
-    model.run(system)
-  except Llm.Error as err:
-    print(f'ERROR: {err}')
+  model = run_files(args.application, args.execution, args.system, log)
+  if model is None:
     return EXIT_INFEASIBLE
+  app, exe = model.app, model.exe
+  measured = read_run(args.run_log, exe.batch_size, args.skip)
   rate = model.get_stats_json()['sample_rate']
   log.info(f'Measured run: {args.run_log}: {measured.total_samples:g} samples '
            f'in {measured.total_time_s:g} s')
