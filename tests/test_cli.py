@@ -43,7 +43,7 @@ def test_llm_report_to_stdout():
   assert res.returncode == 0, res.stderr
   stats = single_run_stats()
   assert f"{stats['total_time']:.4f} s" in res.stdout
-  assert f"{stats['sample_rate']:.2f} samples/s" in res.stdout
+  assert f"{stats['sample_rate']:.3f} samples/s" in res.stdout
   assert 'GiB' in res.stdout
 
 
