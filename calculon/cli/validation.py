@@ -1,5 +1,117 @@
-"""``calculon llm-validation``: comparisons with measured runs."""
+"""``calculon llm-validation``: comparisons with measured runs.
+
+Suites (``--suite``):
+
+* ``seqsel`` (default) -- Korthikanti et al. 2022, Figure 1, Figure 7 and
+  Table 5 (:mod:`calculon.validation.seqsel`); exit status 1 when a table
+  exceeds its threshold.
+* ``published`` -- every expressible row of validation/published_runs.csv
+  (:mod:`calculon.validation.published`): a table, a summary and the rows
+  the model cannot express; exit status 0.
+* ``all`` -- both.
+
+``--plot DIR`` writes PNG charts, ``--out DIR`` the tables as CSV (and the
+published summary as JSON).
+"""
+
+import json
+import os
+
+from calculon.cli.main import EXIT_OK
+
+EXIT_THRESHOLD = 1
+SUITES = ('seqsel', 'published', 'all')
 
 
 def add_parsers(sp):
-  pass
+  p = sp.add_parser(
+    'llm-validation', aliases=['lv'],
+    help='compare the model with measured training runs',
+    description='Compare predictions with measured runs: the Korthikanti et '
+    'al. 2022 figures and table (suite seqsel, default; exits 1 when a table '
+    'exceeds its threshold) and published runs (suite published).')
+  p.add_argument('-v', '--verbose', action='store_true',
+                 help='show each run, the chosen settings and approximations')
+  p.add_argument('-s', '--suite', choices=SUITES, default='seqsel',
+                 help='which comparison to run (default: seqsel)')
+  p.add_argument('--plot', metavar='DIR', default=None,
+                 help='write charts (PNG) into DIR')
+  p.add_argument('--out', metavar='DIR', default=None,
+                 help='write the tables (CSV) and summary (JSON) into DIR')
+  p.add_argument('-b', '--base-dir', default=None,
+                 help='folder with models/, systems/ and validation/ '
+                 '(default: this checkout)')
+  p.add_argument('--runs', metavar='CSV', default=None,
+                 help='published runs file (default: '
+                 'BASE_DIR/validation/published_runs.csv)')
+  p.set_defaults(func=run)
+
+
+def _seqsel(args, log, base_dir, say):
+  from calculon.validation import seqsel
+  log.info('Korthikanti et al. 2022, "Reducing Activation Recomputation in '
+           'Large Transformer Models" (arXiv 2205.05198)')
+  log.info('delta = 100 * (1 - calculon / paper); thresholds on mean and '
+           'max |delta| per table')
+  tables = seqsel.compare(base_dir, progress=say)
+  for table in tables:
+    log.info('')
+    log.info(seqsel.format_table(table))
+  failed = [t for t in tables if not t.passed]
+  log.info('')
+  if failed:
+    for t in failed:
+      log.info(f"FAILED: {t.title}: {'; '.join(t.failures)}")
+  else:
+    log.info('seqsel: all 4 tables within their thresholds')
+  if args.out:
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, 'seqsel.csv')
+    seqsel.tables_frame(tables).to_csv(path, index=False)
+    say(f'wrote {path}')
+  if args.plot:
+    from calculon.plots.validation import seqsel_plots
+    for path in seqsel_plots(tables, args.plot):
+      log.info(f'wrote {path}')
+  return EXIT_THRESHOLD if failed else EXIT_OK
+
+
+def _published(args, log, base_dir, say):
+  from calculon.validation import published
+  log.info('Published training runs: predicted vs measured batch time')
+  results = published.run(base_dir, args.runs, progress=say)
+  frame = published.results_frame(results)
+  log.info(published.format_report(frame, verbose=args.verbose))
+  if args.out:
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, 'published_runs_results.csv')
+    frame.to_csv(path, index=False)
+    with open(os.path.join(args.out, 'published_summary.json'), 'w') as fd:
+      json.dump(published.summary(frame), fd, indent=2)
+      fd.write('\n')
+    say(f'wrote {path} and published_summary.json')
+  if args.plot:
+    from calculon.plots.validation import published_plots
+    for path in published_plots(frame, args.plot):
+      log.info(f'wrote {path}')
+  return EXIT_OK
+
+
+def run(args, log):
+  """Runs the chosen suite(s); returns the exit status (0, or 1 when a
+  seqsel table exceeds its threshold).
+
+  Raises:
+    ConfigError: a missing or invalid input file (exit status 2).
+  """
+  from calculon.validation import check_base_dir, default_base_dir
+  base_dir = check_base_dir(args.base_dir or default_base_dir())
+  say = log.info if args.verbose else (lambda text: None)
+  status = EXIT_OK
+  if args.suite in ('seqsel', 'all'):
+    status = max(status, _seqsel(args, log, base_dir, say))
+  if args.suite in ('published', 'all'):
+    if args.suite == 'all':
+      log.info('')
+    status = max(status, _published(args, log, base_dir, say))
+  return status

@@ -1,0 +1,122 @@
+"""Figures of ``calculon llm-validation``: measured vs predicted.
+
+They read the validation's result tables (DataFrames of
+:mod:`calculon.validation.seqsel` and :mod:`calculon.validation.published`),
+never the model.
+"""
+
+import os
+
+import numpy as np
+
+from calculon.plots.common import figure, save
+
+_PAPER, _OURS = '#7f7f7f', '#1f77b4'
+
+
+def seqsel_bars(table, path):
+  """Grouped bars of one Korthikanti et al. 2022 comparison (a
+  :class:`~calculon.validation.seqsel.Table`): for every (model, mode) the
+  paper's value and the model's, labeled with the delta.  Returns ``path``
+  (PNG, PDF or SVG by extension)."""
+  frame = table.frame
+  labels = [f'{m}\n{mode}' for m, mode in zip(frame['model'], frame['mode'])]
+  x = np.arange(len(frame))
+  fig, ax = figure(max(7.0, 0.55 * len(frame) + 2), 4.8)
+  width = 0.4
+  ax.bar(x - width / 2, frame['profile'], width, label='paper (measured)',
+         color=_PAPER)
+  bars = ax.bar(x + width / 2, frame['calculon'], width, label='calculon',
+                color=_OURS)
+  for bar, d in zip(bars, frame['delta_pct']):
+    ax.annotate(f'{d:+.1f}%', (bar.get_x() + bar.get_width() / 2,
+                               bar.get_height()),
+                ha='center', va='bottom', fontsize=7, rotation=90,
+                xytext=(0, 2), textcoords='offset points')
+  ax.set_xticks(x)
+  ax.set_xticklabels(labels, fontsize=7, rotation=90)
+  ax.set_title(f'{table.title}\nmean |delta| {table.mean_abs_delta_pct:.2f}%'
+               f', max {table.max_abs_delta_pct:.2f}% (limits '
+               f'{table.threshold_mean_pct:.1f}% / '
+               f'{table.threshold_max_pct:.1f}%)', fontsize=9)
+  ax.set_ylim(0, max(frame['profile'].max(), frame['calculon'].max()) * 1.2)
+  ax.legend(fontsize=8)
+  ax.grid(axis='y', alpha=0.3)
+  return save(fig, path)
+
+
+def seqsel_plots(tables, out_dir):
+  """One bar chart per table, ``out_dir/seqsel_<key>.png``; returns the
+  paths."""
+  return [seqsel_bars(t, os.path.join(out_dir, f'seqsel_{t.key}.png'))
+          for t in tables]
+
+
+def _predicted(frame):
+  return frame[frame['status'] == 'ok']
+
+
+def published_scatter(frame, path):
+  """Log-log scatter of predicted vs measured time (s; a batch, or one layer
+  for per-layer measurements) of the published runs, one color per source,
+  with the y = x line and ±20% bands.  ``frame``: :func:`calculon.
+  validation.published.results_frame`.  Returns ``path``."""
+  ok = _predicted(frame)
+  fig, ax = figure(7.0, 6.0)
+  for source, part in ok.groupby('source', sort=False):
+    ax.scatter(part['measured_s'], part['predicted_s'], label=source, s=28,
+               alpha=0.85, edgecolors='black', linewidths=0.4)
+  lo = min(ok['measured_s'].min(), ok['predicted_s'].min()) / 2
+  hi = max(ok['measured_s'].max(), ok['predicted_s'].max()) * 2
+  line = np.array([lo, hi])
+  ax.plot(line, line, color='black', lw=1, label='predicted = measured')
+  for f, style in ((1.2, '--'), (1 / 1.2, '--')):
+    ax.plot(line, line * f, color='gray', lw=0.8, ls=style)
+  ax.set_xscale('log')
+  ax.set_yscale('log')
+  ax.set_xlim(lo, hi)
+  ax.set_ylim(lo, hi)
+  ax.set_xlabel('measured time (s)')
+  ax.set_ylabel('predicted time (s)')
+  ax.set_title(f'Published runs: {len(ok)} predicted (dashed: ±20%)',
+               fontsize=10)
+  ax.legend(fontsize=7, loc='upper left')
+  ax.grid(which='both', alpha=0.2)
+  return save(fig, path)
+
+
+def published_residuals(frame, path):
+  """Horizontal bars of each published run's delta (percent, ``100 * (1 -
+  predicted / measured)``), grouped by source, with the ±10% and ±20%
+  bands shaded.  Returns ``path``."""
+  ok = _predicted(frame)
+  fig, ax = figure(7.5, max(4.0, 0.22 * len(ok) + 1.5))
+  y = np.arange(len(ok))[::-1]
+  colors = {}
+  cycle = ['#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd',
+           '#8c564b', '#e377c2']
+  for source in ok['source']:
+    colors.setdefault(source, cycle[len(colors) % len(cycle)])
+  ax.axvspan(-20, 20, color='#dddddd', alpha=0.6, lw=0)
+  ax.axvspan(-10, 10, color='#bbbbbb', alpha=0.6, lw=0)
+  ax.barh(y, ok['delta_pct'], color=[colors[s] for s in ok['source']])
+  ax.axvline(0, color='black', lw=0.8)
+  ax.set_yticks(y)
+  ax.set_yticklabels([f"{i} {m[:40]}" for i, m in zip(ok['id'], ok['model'])],
+                     fontsize=6)
+  ax.set_xlabel('delta = 100 (1 - predicted / measured) %  '
+                '(positive: predicted faster)')
+  handles = [ax.bar(0, 0, color=c, label=s) for s, c in colors.items()]
+  ax.legend(handles=handles, fontsize=7, loc='lower left')
+  ax.set_title('Published runs: residuals (shaded: ±10%, ±20%)',
+               fontsize=10)
+  return save(fig, path)
+
+
+def published_plots(frame, out_dir):
+  """Scatter and residuals, ``out_dir/published_scatter.png`` and
+  ``out_dir/published_residuals.png``; returns the paths."""
+  return [published_scatter(frame, os.path.join(out_dir,
+                                                'published_scatter.png')),
+          published_residuals(frame, os.path.join(out_dir,
+                                                  'published_residuals.png'))]
