@@ -28,23 +28,32 @@ def _opener(filename):
   return gzip.open if filename.endswith('.gz') else open
 
 
+def read_text_file(filename, what='file'):
+  """The text of ``filename`` (.gz decompressed).
+
+  Raises:
+    ConfigError: the file is missing, a directory, or unreadable.
+  """
+  try:
+    with _opener(filename)(filename, 'rb') as fd:
+      return fd.read().decode('utf-8')
+  except FileNotFoundError:
+    raise ConfigError(f'{filename}: no such file', source=filename) from None
+  except IsADirectoryError:
+    raise ConfigError(f'{filename}: is a directory, not a {what}',
+                      source=filename) from None
+  except (OSError, UnicodeDecodeError) as err:
+    raise ConfigError(f'{filename}: cannot be read: {err}',
+                      source=filename) from None
+
+
 def read_json_file(filename):
   """Decoded JSON of ``filename`` (.json or .json.gz).
 
   Raises:
     ConfigError: the file is missing, unreadable, or not valid JSON.
   """
-  try:
-    with _opener(filename)(filename, 'rb') as fd:
-      text = fd.read().decode('utf-8')
-  except FileNotFoundError:
-    raise ConfigError(f'{filename}: no such file', source=filename) from None
-  except IsADirectoryError:
-    raise ConfigError(f'{filename}: is a directory, not a JSON file',
-                      source=filename) from None
-  except (OSError, UnicodeDecodeError) as err:
-    raise ConfigError(f'{filename}: cannot be read: {err}',
-                      source=filename) from None
+  text = read_text_file(filename, 'JSON file')
   try:
     return json.loads(text)
   except json.JSONDecodeError as err:

@@ -12,6 +12,18 @@ import calculon
 from calculon.errors import ConfigError
 
 EXIT_OK, EXIT_INFEASIBLE, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_INTERRUPTED = 130
+
+
+def positive_int(arg):
+  """argparse type: an integer >= 1."""
+  try:
+    value = int(arg)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f'{arg!r} is not an integer') from None
+  if value < 1:
+    raise argparse.ArgumentTypeError(f'{value} must be >= 1')
+  return value
 
 
 def _commands():
@@ -72,7 +84,7 @@ def main(argv=None):
     return EXIT_BAD_INPUT
   except KeyboardInterrupt:
     print('calculon: interrupted', file=sys.stderr)
-    return 130
+    return EXIT_INTERRUPTED
   except BrokenPipeError:
     return EXIT_OK
 

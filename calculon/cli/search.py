@@ -4,13 +4,13 @@ import argparse
 import sys
 
 from calculon import io
-from calculon.cli.main import EXIT_INFEASIBLE, EXIT_OK
+from calculon.cli.main import (
+  EXIT_INFEASIBLE, EXIT_INTERRUPTED, EXIT_OK, positive_int)
 from calculon.config.execution import DATATYPE_NAMES
 from calculon.errors import ConfigError
 from calculon.llm import search as S
 from calculon.parallel import default_workers
 
-EXIT_INTERRUPTED = 130
 
 
 def true_false_both(arg):
@@ -25,26 +25,17 @@ def true_false_both(arg):
     f'invalid value {arg!r}: use true, false or both')
 
 
-def _positive(arg):
-  try:
-    value = int(arg)
-  except ValueError:
-    raise argparse.ArgumentTypeError(f'{arg!r} is not an integer') from None
-  if value < 1:
-    raise argparse.ArgumentTypeError(f'{value} must be >= 1')
-  return value
-
 
 def _common(p, outputs):
   p.add_argument('application', help='application JSON (model shape)')
-  p.add_argument('num_procs', type=_positive, help='number of processors')
-  p.add_argument('max_batch_size', type=_positive,
+  p.add_argument('num_procs', type=positive_int, help='number of processors')
+  p.add_argument('max_batch_size', type=positive_int,
                  help='maximum global batch; each DP uses its largest '
                  'multiple not above it')
   p.add_argument('datatype', choices=DATATYPE_NAMES, help='datatype')
   p.add_argument('system', help='system JSON')
   p.add_argument('output', help=f'output file ({outputs})')
-  p.add_argument('-c', '--cpus', type=_positive, default=default_workers(),
+  p.add_argument('-c', '--cpus', type=positive_int, default=default_workers(),
                  help='worker processes (default: physical cores)')
   p.add_argument('-n', '--noneok', action='store_true',
                  help='exit 0 even when no execution is feasible')
@@ -55,7 +46,7 @@ def _common(p, outputs):
                  help="count the executions, don't run them")
   p.add_argument('-q', '--quiet', action='store_true',
                  help='no progress bar')
-  p.add_argument('--chunk', type=_positive, default=None,
+  p.add_argument('--chunk', type=positive_int, default=None,
                  help='executions per vectorized chunk (memory vs. speed)')
   p.add_argument('--no-tp-overlap', action='store_true',
                  help="don't try TP communication overlap")
@@ -73,7 +64,7 @@ def add_parsers(sp):
   p.add_argument('-m', '--mbs-break', action='store_true',
                  help='within each combination of the other options, stop at '
                  'the first microbatch size with no feasible execution')
-  p.add_argument('-t', '--top-n', type=_positive, default=1,
+  p.add_argument('-t', '--top-n', type=positive_int, default=1,
                  help='number of best executions to write (default 1)')
   p.add_argument('-l', '--layers', action='store_true',
                  help='include per-layer statistics')

@@ -8,19 +8,10 @@ completed is written, a re-run resumes).
 
 import argparse
 
-from calculon.cli.main import EXIT_INFEASIBLE, EXIT_OK
+from calculon.cli.main import (
+  EXIT_INFEASIBLE, EXIT_INTERRUPTED, EXIT_OK, positive_int)
 
-EXIT_INTERRUPTED = 130
 
-
-def _positive_int(arg):
-  try:
-    value = int(arg)
-  except ValueError:
-    raise argparse.ArgumentTypeError(f'{arg!r} is not an integer') from None
-  if value < 1:
-    raise argparse.ArgumentTypeError(f'{value} must be >= 1')
-  return value
 
 
 def _positive_float(arg):
@@ -49,11 +40,11 @@ def add_parsers(sp):
   p.add_argument('--scheduler', metavar='ADDRESS', default=None,
                  help='address of a running dask scheduler '
                  '(tcp://host:8786); default: a local cluster')
-  p.add_argument('-w', '--workers', type=_positive_int, default=None,
+  p.add_argument('-w', '--workers', type=positive_int, default=None,
                  metavar='N',
                  help='local worker processes (default: physical cores; '
                  '1 runs in this process); not with --scheduler')
-  p.add_argument('--batch-points', type=_positive_int,
+  p.add_argument('--batch-points', type=positive_int,
                  default=DEFAULT_BATCH_POINTS, metavar='N',
                  help='write a part every N completed points (default '
                  f'{DEFAULT_BATCH_POINTS}) ...')

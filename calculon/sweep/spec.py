@@ -299,17 +299,8 @@ def read_spec_file(filename):
     'tag:yaml.org,2002:float', re.compile(
       r'^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$'),
     list('-+0123456789'))
-  try:
-    with open(filename, encoding='utf-8') as fd:
-      text = fd.read()
-  except FileNotFoundError:
-    raise ConfigError(f'{filename}: no such file', source=filename) from None
-  except IsADirectoryError:
-    raise ConfigError(f'{filename}: is a directory, not a sweep spec',
-                      source=filename) from None
-  except (OSError, UnicodeDecodeError) as err:
-    raise ConfigError(f'{filename}: cannot be read: {err}',
-                      source=filename) from None
+  from calculon.io import read_text_file
+  text = read_text_file(filename, 'sweep spec')
   try:
     return yaml.load(text, Loader=Loader)  # noqa: S506 -- a SafeLoader
   except yaml.YAMLError as err:
