@@ -14,7 +14,7 @@ num_procs``, the batch divides evenly...) are written once, vectorized, in
 :data:`RULES`; a single JSON execution is checked as a batch of one.
 """
 
-from dataclasses import dataclass, asdict, fields as dc_fields
+from dataclasses import dataclass, asdict
 
 import numpy as np
 
@@ -365,7 +365,3 @@ def check_rules(columns, source='<execution>'):
           f"{source}:{where} field '{field}' {rule.message(columns, i)}",
           source=source, field=field, value=_v(columns, field, i))
 
-
-def execution_field_names():
-  """Names of the 23 execution fields in Calculon's order."""
-  return tuple(f.name for f in dc_fields(Execution))

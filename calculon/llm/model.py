@@ -54,10 +54,6 @@ REASON_NAMES = {
 }
 
 
-def _where(cond, a, b):
-  return np.where(cond, a, b)
-
-
 def _pos(x):
   """Python's max(0, x): x when positive, else 0."""
   return np.where(x > 0, x, 0)
@@ -317,10 +313,6 @@ class Evaluation:
     b = self.block
     return b.re_time + b.edge_recomm_exposed + b.agrad_time + b.wgrad_time + \
       b.edge_agrad_tp_exposed + self.chunk_bw_pp_time_s
-
-  @cached_property
-  def _bw_mem_time_s(self):
-    return self.block.agrad_mem_time + self.block.wgrad_mem_time
 
   @cached_property
   def baseblock_bw_offload_overhead_s(self):
