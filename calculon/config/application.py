@@ -1,8 +1,37 @@
-"""The application (transformer model) configuration."""
+"""The application (transformer model) configuration.
 
-from dataclasses import dataclass, asdict
+Calculon's six fields describe the GPT-3 block of 2021.  Optional fields
+describe how LLMs are built today; each one, when absent, means exactly what
+Calculon means (so every Calculon file keeps giving Calculon's numbers):
 
-from calculon.config._schema import Reader, Spec
+=====================  =========================================  ==========
+field                  meaning                                    absent
+=====================  =========================================  ==========
+``kv_heads``           K/V heads (grouped-query attention; 1 is   the
+                       multi-query, ``attn_heads`` multi-head)    execution's
+                                                                  attention_type
+``mlp``                ``plain`` (2 GEMMs, GeLU) or ``gated``     ``plain``
+                       (SwiGLU/GeGLU: gate and up GEMMs of width
+                       ``feedforward``, then down)
+``norm``               ``layernorm`` or ``rmsnorm``               ``layernorm``
+``linear_bias``        ``all``, ``qkv`` (Qwen2) or ``none``       ``all``
+``vocab_size``         vocabulary V: input embedding, LM head,    no embedding
+                       cross-entropy loss (first/last stage)      or head
+``tied_embeddings``    the LM head reuses the embedding table     ``false``
+``position_embedding`` ``learned`` (s x h table) or ``rope``      ``learned``
+                                                                  with a
+                                                                  vocabulary
+``block_layout``       ``sequential`` or ``parallel`` (attention  ``sequential``
+                       and MLP read the same normalized input)
+``dropout``            dropout layers (masks kept for backward)   ``true``
+=====================  =========================================  ==========
+"""
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from calculon.config._schema import Reader, Spec, show
+from calculon.errors import ConfigError
 
 _POSITIVE_INT = Spec('int', lo=1)
 
@@ -11,18 +40,45 @@ _POSITIVE_INT = Spec('int', lo=1)
 # on GPU Clusters Using Megatron-LM", SC'21, eq. 2 uses V = 51200).
 EMBEDDING_VOCAB = 51200
 
+MLP_NAMES = ('plain', 'gated')
+NORM_NAMES = ('layernorm', 'rmsnorm')
+BIAS_NAMES = ('all', 'qkv', 'none')
+POSITION_NAMES = ('learned', 'rope')
+LAYOUT_NAMES = ('sequential', 'parallel')
+
+#: Optional fields: name -> (spec, default).  Defaults mean Calculon.
+OPTIONAL = OrderedDict([
+  ('kv_heads', (Spec('int', lo=1), None)),
+  ('mlp', (Spec('str', choices=MLP_NAMES), 'plain')),
+  ('norm', (Spec('str', choices=NORM_NAMES), 'layernorm')),
+  ('linear_bias', (Spec('str', choices=BIAS_NAMES), 'all')),
+  ('vocab_size', (Spec('int', lo=1), None)),
+  ('tied_embeddings', (Spec('bool'), False)),
+  ('position_embedding', (Spec('str', choices=POSITION_NAMES), None)),
+  ('block_layout', (Spec('str', choices=LAYOUT_NAMES), 'sequential')),
+  ('dropout', (Spec('bool'), True)),
+])
+
 
 @dataclass(frozen=True)
 class Application:
   """Shape of a decoder-only transformer.
 
-  Fields (all integers >= 1):
+  Required fields (integers >= 1):
     hidden: model width h (elements).
-    feedforward: MLP inner width (elements), usually 4h.
+    feedforward: MLP inner width f (elements), usually 4h (plain) or about
+      8h/3 (gated; the width of each of the gate and up GEMMs).
     seq_size: sequence length s (tokens).
-    attn_heads: number of attention heads a.
-    attn_size: width of one attention head (elements), usually h / a.
+    attn_heads: number of query heads a.
+    attn_size: width of one head d (elements), usually h / a.
     num_blocks: number of transformer blocks (layers) L.
+
+  Optional fields: see the module docstring (:data:`OPTIONAL`).
+
+  Raises (from :meth:`from_dict`):
+    ConfigError: a field is missing, unknown, of the wrong type, or the
+      fields contradict each other (kv_heads must divide attn_heads;
+      tied_embeddings and position_embedding need vocab_size).
   """
   hidden: int
   feedforward: int
@@ -30,6 +86,15 @@ class Application:
   attn_heads: int
   attn_size: int
   num_blocks: int
+  kv_heads: object = None
+  mlp: str = 'plain'
+  norm: str = 'layernorm'
+  linear_bias: str = 'all'
+  vocab_size: object = None
+  tied_embeddings: bool = False
+  position_embedding: object = None
+  block_layout: str = 'sequential'
+  dropout: bool = True
 
   FIELDS = ('hidden', 'feedforward', 'seq_size', 'attn_heads', 'attn_size',
             'num_blocks')
@@ -39,33 +104,149 @@ class Application:
     """Builds an Application from its JSON object.
 
     Raises:
-      ConfigError: a field is missing, unknown, or not an integer >= 1.
+      ConfigError: see the class docstring.
     """
     reader = Reader(cfg, source)
     values = {name: reader.get(name, _POSITIVE_INT) for name in cls.FIELDS}
+    for name, (spec, default) in OPTIONAL.items():
+      if name in cfg:
+        values[name] = reader.get(name, spec)
     reader.finish()
-    return cls(**values)
+    app = cls(**values)
+    app._check(source)
+    return app
+
+  def _check(self, source):
+    def fail(name, allowed):
+      value = getattr(self, name)
+      raise ConfigError(
+        f"{source}: field '{name}' = {show(value)} is not allowed: {allowed}",
+        source=source, field=name, value=value, allowed=allowed)
+    if self.kv_heads is not None and self.attn_heads % self.kv_heads != 0:
+      fail('kv_heads', f'it must divide attn_heads ({self.attn_heads})')
+    if self.vocab_size is None:
+      if self.tied_embeddings:
+        fail('tied_embeddings', 'true needs vocab_size (there is no '
+             'embedding without a vocabulary)')
+      if self.position_embedding is not None:
+        fail('position_embedding', 'it needs vocab_size (position '
+             'embeddings belong to the embedding stage)')
 
   def to_dict(self):
-    """The JSON object of this application."""
-    return asdict(self)
+    """The JSON object of this application (optional fields only when they
+    differ from their default)."""
+    out = {name: getattr(self, name) for name in self.FIELDS}
+    for name, (_, default) in OPTIONAL.items():
+      value = getattr(self, name)
+      if value != default:
+        out[name] = value
+    return out
+
+  # -- derived shape -------------------------------------------------------------
+  @property
+  def is_calculon(self):
+    """True when no optional field is set (Calculon's application)."""
+    return all(getattr(self, n) == d for n, (_, d) in OPTIONAL.items())
+
+  @property
+  def gated(self):
+    return self.mlp == 'gated'
+
+  @property
+  def has_vocab(self):
+    return self.vocab_size is not None
+
+  @property
+  def pos_embedding(self):
+    """'learned', 'rope' or None (no embedding stage)."""
+    if not self.has_vocab:
+      return None
+    return self.position_embedding or 'learned'
+
+  @property
+  def query_width(self):
+    """q = a * d: width of the query (and attention output) projection."""
+    return self.attn_heads * self.attn_size
+
+  def kv_heads_for(self, multiquery=False):
+    """K/V heads: ``kv_heads`` when given, else 1 for multi-query and
+    ``attn_heads`` for multi-head (Calculon's ``attention_type``)."""
+    if self.kv_heads is not None:
+      return self.kv_heads
+    return 1 if multiquery else self.attn_heads
+
+  # -- parameters ------------------------------------------------------------------
+  def _norm_params(self):
+    return (1 if self.norm == 'rmsnorm' else 2) * self.hidden
+
+  def block_parameter_breakdown(self, kv_heads=None):
+    """Parameters of one block by part (elements), an ordered dict with
+    keys 'attention', 'mlp', 'norms'.
+
+    Formulas (Megatron-LM ``compute_weight_and_optimizer_memory``,
+    megatron/training/theoretical_memory_usage.py; biases as Calculon
+    counts them): attention Q and O are h x q, K and V are h x g d (g K/V
+    heads); a plain MLP has 2 h f weights, a gated one 3 h f; a LayerNorm
+    has a scale and a bias (2h), an RMSNorm a scale (h); two norms per
+    block.
+    """
+    h, f, d = self.hidden, self.feedforward, self.attn_size
+    q = self.query_width
+    g = self.kv_heads_for() if kv_heads is None else kv_heads
+    kv = g * d
+    attn = 2 * h * q + 2 * h * kv
+    mlp = (3 if self.gated else 2) * h * f
+    if self.linear_bias in ('all', 'qkv'):
+      attn += q + 2 * kv
+    if self.linear_bias == 'all':
+      attn += h
+      mlp += (2 if self.gated else 1) * f + h
+    return OrderedDict([('attention', attn), ('mlp', mlp),
+                        ('norms', 2 * self._norm_params())])
 
   def block_parameters(self):
-    """Trainable parameters of one transformer block (elements): MLP and
-    attention weights, their biases and two layer norms."""
-    h, f = self.hidden, self.feedforward
-    attn = self.attn_heads * self.attn_size
-    return (2 * h * f + 4 * h * attn      # weights
-            + h + f                        # MLP biases
-            + 3 * attn + h                 # attention biases
-            + 2 * 2 * h)                   # two layer norms
+    """Trainable parameters of one transformer block (elements): attention
+    and MLP weights, their biases and two norms."""
+    return sum(self.block_parameter_breakdown().values())
+
+  def parameter_breakdown(self):
+    """Every trainable parameter by part (elements), an ordered dict:
+    'embedding' (token table, plus the learned position table), 'attention',
+    'mlp', 'norms' (the blocks' and the final norm), 'lm_head' (0 when tied
+    to the embedding).
+
+    Without a vocabulary (Calculon's application) the embedding is
+    Calculon's: V = 51,200 plus learned positions (Narayanan et al. 2021,
+    eq. 2), and there is no final norm or head.
+    """
+    L, h = self.num_blocks, self.hidden
+    block = self.block_parameter_breakdown()
+    out = OrderedDict()
+    if self.has_vocab:
+      pos = self.seq_size * h if self.pos_embedding == 'learned' else 0
+      out['embedding'] = self.vocab_size * h + pos
+    else:
+      out['embedding'] = (EMBEDDING_VOCAB + self.seq_size) * h
+    out['attention'] = block['attention'] * L
+    out['mlp'] = block['mlp'] * L
+    out['norms'] = block['norms'] * L + (self._norm_params()
+                                         if self.has_vocab else 0)
+    out['lm_head'] = self.vocab_size * h if (
+      self.has_vocab and not self.tied_embeddings) else 0
+    return out
 
   def num_parameters(self):
     """Number of trainable parameters (elements).
 
     Formula: Narayanan et al. 2021 (SC'21), equation 2, written out per
-    block (:meth:`block_parameters`) plus the embedding table (vocabulary
-    51,200) and learned position embeddings.
+    block (:meth:`block_parameters`) plus the embedding table and learned
+    position embeddings; with a vocabulary, also the final norm and the
+    untied LM head (see :meth:`parameter_breakdown`).
     """
-    return self.block_parameters() * self.num_blocks + \
-      (EMBEDDING_VOCAB + self.seq_size) * self.hidden
+    return sum(self.parameter_breakdown().values())
+
+
+def optional_field_names():
+  """Names of the optional application fields."""
+  return tuple(OPTIONAL)
+

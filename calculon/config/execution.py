@@ -21,18 +21,35 @@ import numpy as np
 from calculon.config._schema import Reader, Spec, show
 from calculon.errors import ConfigError
 
-#: Bytes per element of each supported datatype.
-DATATYPE_BYTES = {'float8': 1, 'float16': 2, 'float32': 4, 'bfloat16': 2}
+#: Bytes per element of each supported datatype.  ``float4`` is the
+#: Blackwell block-scaled 4-bit format (NVFP4 / MXFP4: 4-bit elements; the
+#: per-block scales are not counted); MXFP8 is priced as ``float8``.
+DATATYPE_BYTES = {'float8': 1, 'float16': 2, 'float32': 4, 'bfloat16': 2,
+                  'float4': 0.5}
 DATATYPE_NAMES = tuple(DATATYPE_BYTES)
-ATTENTION_NAMES = ('multihead', 'multiquery')
+#: Datatypes narrower than 16 bits (Transformer Engine runs only the linear
+#: layers' GEMMs in them, see ``precision_recipe``).
+NARROW_DATATYPES = ('float8', 'float4')
+ATTENTION_NAMES = ('multihead', 'multiquery', 'grouped')
 RECOMPUTE_NAMES = ('none', 'attn_only', 'full')
 TP_COMM_NAMES = ('ar', 'p2p_rs_ag', 'rs_ag')
 TP_OVERLAP_NAMES = ('none', 'ring', 'pipe')
+SHARDING_NAMES = ('none', 'optimizer', 'gradients', 'parameters')
+ATTENTION_KERNEL_NAMES = ('standard', 'flash')
+PRECISION_RECIPE_NAMES = ('uniform', 'transformer_engine')
 
 # Codes used by the engine.
 RECOMPUTE_NONE, RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL = 0, 1, 2
 TP_COMM_AR, TP_COMM_P2P_RS_AG, TP_COMM_RS_AG = 0, 1, 2
 TP_OVERLAP_NONE, TP_OVERLAP_RING, TP_OVERLAP_PIPE = 0, 1, 2
+ATTENTION_AUTO, ATTENTION_MULTIHEAD, ATTENTION_MULTIQUERY, \
+  ATTENTION_GROUPED = -1, 0, 1, 2
+SHARD_NONE, SHARD_OPTIMIZER, SHARD_GRADIENTS, SHARD_PARAMETERS = 0, 1, 2, 3
+KERNEL_STANDARD, KERNEL_FLASH = 0, 1
+RECIPE_UNIFORM, RECIPE_TE = 0, 1
+#: Code of an optional categorical field left out (``attention_type``:
+#: as the application's kv_heads say; ``gradient_datatype``: Calculon's).
+UNSET = -1
 
 _INT1 = Spec('int', lo=1)
 _INT0 = Spec('int', lo=0)
@@ -68,6 +85,47 @@ FIELD_SPECS = {
 }
 FIELDS = tuple(FIELD_SPECS)
 
+#: Fields beyond Calculon's: JSON field -> (spec, categorical names or None,
+#: the value meaning "absent").  Absent, each means exactly what Calculon
+#: means.  ``data_par_sharding`` absent follows ``optimizer_sharding``
+#: (see :func:`sharding_code`); ``gradient_datatype`` absent keeps
+#: Calculon's gradients (in ``datatype``, with an fp32 accumulation buffer
+#: for the block being computed).
+OPTIONAL_SPECS = {
+  'context_par': (_INT1, None, 1),
+  'context_par_net': (_INT0, None, 0),
+  'data_par_sharding': (Spec('str', choices=SHARDING_NAMES), SHARDING_NAMES,
+                        None),
+  'attention_kernel': (Spec('str', choices=ATTENTION_KERNEL_NAMES),
+                       ATTENTION_KERNEL_NAMES, 'standard'),
+  'precision_recipe': (Spec('str', choices=PRECISION_RECIPE_NAMES),
+                       PRECISION_RECIPE_NAMES, 'uniform'),
+  'gradient_datatype': (Spec('str', choices=('float32', 'bfloat16',
+                                             'float16')), DATATYPE_NAMES,
+                        None),
+}
+#: Calculon fields that new-style executions may leave out, with what their
+#: absence means (attention_type: as the application's kv_heads say;
+#: optimizer_sharding: as data_par_sharding says).
+RELAXED = ('attention_type', 'optimizer_sharding')
+ALL_FIELDS = FIELDS + tuple(OPTIONAL_SPECS)
+
+
+def sharding_code(optimizer_sharding, data_par_sharding):
+  """Sharding level code from Calculon's flag and the new field.
+
+  ``data_par_sharding`` absent (UNSET): Calculon's ``optimizer_sharding``,
+  priced exactly as Calculon prices it.  Calculon's accounting shards the
+  optimizer state *and* the gradients of the finished blocks (its
+  ``block_weight_grad_space`` divides by DP), i.e. ZeRO-2's memory, with the
+  reduce-scatter + all-gather communication that ZeRO-1 and ZeRO-2 share
+  (Rajbhandari et al. 2020, sections 5 and 7): so ``true`` is the level
+  ``gradients`` and ``false`` is ``none``.
+  """
+  return np.where(data_par_sharding == UNSET,
+                  np.where(optimizer_sharding, SHARD_GRADIENTS, SHARD_NONE),
+                  data_par_sharding)
+
 
 @dataclass(frozen=True)
 class Execution:
@@ -78,12 +136,25 @@ class Execution:
   system's network tier used by each parallelism); batch_size (global batch,
   samples); microbatch_size (samples); datatype; fused_activation;
   attention_type; activation_recompute; pipeline_interleaving (model chunks
-  per processor); optimizer_sharding (ZeRO-1 style sharding over DP);
-  tensor_par_comm_type ('ar' all-reduce, 'rs_ag' reduce-scatter/all-gather,
-  i.e. sequence parallelism, 'p2p_rs_ag' RS/AG only at pipeline edges);
-  tensor_par_overlap ('none', 'ring', 'pipe'); seq_par_ag_redo;
-  data_par_overlap; weight_offload, activations_offload, optimizer_offload
-  (to memory tier 2); training (False: inference, forward pass only).
+  per processor); optimizer_sharding (sharding over DP, see
+  :func:`sharding_code`); tensor_par_comm_type ('ar' all-reduce, 'rs_ag'
+  reduce-scatter/all-gather, i.e. sequence parallelism, 'p2p_rs_ag' RS/AG
+  only at pipeline edges); tensor_par_overlap ('none', 'ring', 'pipe');
+  seq_par_ag_redo; data_par_overlap; weight_offload, activations_offload,
+  optimizer_offload (to memory tier 2); training (False: inference, forward
+  pass only).
+
+  Optional fields (:data:`OPTIONAL_SPECS`; absent, they mean Calculon):
+  context_par (CP, processors; num_procs = TP x PP x DP x CP) and
+  context_par_net; data_par_sharding ('none', 'optimizer' = ZeRO-1 /
+  Megatron distributed optimizer, 'gradients' = ZeRO-2, 'parameters' =
+  ZeRO-3 / FSDP; over DP x CP); attention_kernel ('standard' keeps the
+  s x s scores, 'flash' is FlashAttention-2); precision_recipe ('uniform':
+  everything in ``datatype``, Calculon; 'transformer_engine': only the
+  linear layers' GEMMs in the narrow ``datatype``, the rest in bfloat16);
+  gradient_datatype (precision of the gradients kept and reduced; absent:
+  Calculon's).  ``attention_type`` and ``optimizer_sharding`` may be left
+  out when the application's ``kv_heads`` / ``data_par_sharding`` say.
   """
   num_procs: int
   tensor_par: int
@@ -96,10 +167,10 @@ class Execution:
   microbatch_size: int
   datatype: str
   fused_activation: bool
-  attention_type: str
+  attention_type: object
   activation_recompute: str
   pipeline_interleaving: int
-  optimizer_sharding: bool
+  optimizer_sharding: object
   tensor_par_comm_type: str
   tensor_par_overlap: str
   seq_par_ag_redo: bool
@@ -108,6 +179,12 @@ class Execution:
   activations_offload: bool
   optimizer_offload: bool
   training: bool
+  context_par: int = 1
+  context_par_net: int = 0
+  data_par_sharding: object = None
+  attention_kernel: str = 'standard'
+  precision_recipe: str = 'uniform'
+  gradient_datatype: object = None
 
   @classmethod
   def from_dict(cls, cfg, source='<execution>'):
@@ -118,16 +195,35 @@ class Execution:
         range, or the fields contradict each other (see :data:`RULES`).
     """
     reader = Reader(cfg, source)
-    values = {name: reader.get(name, spec)
-              for name, (spec, _) in FIELD_SPECS.items()}
+    values = {}
+    for name, (spec, _) in FIELD_SPECS.items():
+      if name in RELAXED and isinstance(cfg, dict) and name not in cfg:
+        values[name] = None
+        continue
+      values[name] = reader.get(name, spec)
+    for name, (spec, _, default) in OPTIONAL_SPECS.items():
+      values[name] = reader.get(name, spec) if name in cfg else default
     reader.finish()
+    if values['optimizer_sharding'] is None and \
+        values['data_par_sharding'] is None:
+      reader.get('optimizer_sharding', FIELD_SPECS['optimizer_sharding'][0])
     exe = cls(**values)
     check_rules(ExecutionColumns.from_records([values]), source)
     return exe
 
   def to_dict(self):
-    """The JSON object of this execution (Calculon format)."""
-    return asdict(self)
+    """The JSON object of this execution: Calculon's 23 fields (those left
+    out stay out) and the optional fields that differ from their default."""
+    out = {}
+    for name in FIELDS:
+      value = getattr(self, name)
+      if value is not None or name not in RELAXED:
+        out[name] = value
+    for name, (_, _, default) in OPTIONAL_SPECS.items():
+      value = getattr(self, name)
+      if value != default:
+        out[name] = value
+    return out
 
   @property
   def local_batch_size(self):
@@ -140,12 +236,28 @@ class Execution:
     return self.local_batch_size // self.microbatch_size
 
 
+def _resolve_sharding_flag(record):
+  """A record whose left-out optimizer_sharding follows data_par_sharding."""
+  if record.get('optimizer_sharding') is not None:
+    return record
+  level = record.get('data_par_sharding')
+  return dict(record, optimizer_sharding=level not in (None, 'none'))
+
+
+def _code(names, value):
+  return UNSET if value is None else names.index(value)
+
+
 class ExecutionColumns:
   """Executions as a struct of numpy arrays (one attribute per field).
 
   Integer fields are int64 arrays, flags are bool arrays, categorical fields
   are int64 codes into the ``*_NAMES`` tuples (``datatype`` indexes
-  :data:`DATATYPE_NAMES`).  Arrays may have any mutually broadcastable shapes.
+  :data:`DATATYPE_NAMES`; :data:`UNSET` for an optional categorical field
+  left out).  Arrays may have any mutually broadcastable shapes.  The
+  optional fields (:data:`OPTIONAL_SPECS`) may be omitted and take their
+  "absent" value; ``optimizer_sharding`` left out (None) follows
+  ``data_par_sharding``.
   """
 
   def __init__(self, **columns):
@@ -154,31 +266,65 @@ class ExecutionColumns:
       raise TypeError(f'missing execution columns: {missing}')
     for name in FIELDS:
       setattr(self, name, columns[name])
+    for name, (spec, names, default) in OPTIONAL_SPECS.items():
+      value = columns.get(name)
+      if value is None:
+        value = np.int64(default if names is None else _code(names, default))
+      setattr(self, name, value)
+    if self.optimizer_sharding is None:
+      self.optimizer_sharding = np.asarray(
+        (self.data_par_sharding != UNSET) &
+        (self.data_par_sharding != SHARD_NONE))
+    if self.attention_type is None:
+      self.attention_type = np.int64(ATTENTION_AUTO)
+
+  @property
+  def sharding(self):
+    """Sharding level codes (see :func:`sharding_code`)."""
+    return sharding_code(self.optimizer_sharding, self.data_par_sharding)
 
   @property
   def shape(self):
     """Broadcast shape of all columns."""
-    return np.broadcast_shapes(*(np.shape(getattr(self, f)) for f in FIELDS))
+    return np.broadcast_shapes(*(np.shape(getattr(self, f))
+                                 for f in ALL_FIELDS))
 
   @classmethod
   def from_records(cls, records):
-    """Builds columns from dicts already checked against FIELD_SPECS."""
+    """Builds columns from dicts already checked against the field specs
+    (optional fields may be missing or None)."""
+    records = [_resolve_sharding_flag(r) for r in records]
     cols = {}
     for name, (spec, names) in FIELD_SPECS.items():
-      vals = [r[name] for r in records]
+      vals = [r.get(name) for r in records]
+      if name in RELAXED and all(v is None for v in vals):
+        if name == 'attention_type':
+          cols[name] = np.full(len(vals), ATTENTION_AUTO, dtype=np.int64)
+        continue
       if names is not None:
-        cols[name] = np.array([names.index(v) for v in vals], dtype=np.int64)
+        cols[name] = np.array([_code(names, v) for v in vals],
+                              dtype=np.int64)
       elif spec.kind == 'bool':
         cols[name] = np.array(vals, dtype=bool)
+      else:
+        cols[name] = np.array(vals, dtype=np.int64)
+    cols.setdefault('optimizer_sharding', None)
+    for name, (spec, names, default) in OPTIONAL_SPECS.items():
+      vals = [r.get(name, default) for r in records]
+      if names is not None:
+        cols[name] = np.array([_code(names, v) for v in vals],
+                              dtype=np.int64)
       else:
         cols[name] = np.array(vals, dtype=np.int64)
     return cls(**cols)
 
   @classmethod
   def from_frame(cls, frame, source='<executions>'):
-    """Builds columns from a pandas DataFrame with the 23 execution fields.
+    """Builds columns from a pandas DataFrame with the 23 execution fields
+    (and any optional ones).
 
-    Extra columns are ignored.  Values are checked column by column.
+    Extra columns are ignored.  Values are checked column by column; an
+    optional column may hold nulls (absent).
 
     Raises:
       ConfigError: a column is missing or holds a value its field does not
@@ -186,18 +332,32 @@ class ExecutionColumns:
     """
     cols = {}
     n = len(frame)
-    for name, (spec, names) in FIELD_SPECS.items():
+    specs = [(name, spec, names, False, None)
+             for name, (spec, names) in FIELD_SPECS.items()]
+    specs += [(name, spec, names, True, default)
+              for name, (spec, names, default) in OPTIONAL_SPECS.items()]
+    for name, spec, names, optional, default in specs:
       if name not in frame.columns:
+        if optional:
+          continue
         raise ConfigError(
           f"{source}: missing column '{name}' ({spec.describe()})",
           source=source, field=name, allowed=spec.describe())
       raw = frame[name].to_numpy()
+      absent = np.zeros(n, dtype=bool)
+      if optional:
+        absent = np.array([v is None or (isinstance(v, float) and v != v)
+                           for v in raw.astype(object)], dtype=bool)
       if names is not None:
-        codes = np.full(n, -1, dtype=np.int64)
+        codes = np.full(n, -2, dtype=np.int64)
         as_str = raw.astype(object)
+        allowed = spec.choices if spec.choices is not None else names
         for i, label in enumerate(names):
-          codes[as_str == label] = i
-        bad = codes < 0
+          if label in allowed:
+            codes[as_str == label] = i
+        if optional:
+          codes[absent] = _code(names, default)
+        bad = codes == -2
         arr = codes
       elif spec.kind == 'bool':
         if raw.dtype == bool:
@@ -217,6 +377,9 @@ class ExecutionColumns:
           is_int = np.array([isinstance(v, (int, np.integer))
                              and not isinstance(v, (bool, np.bool_))
                              for v in obj], dtype=bool)
+          if optional:
+            is_int |= absent
+            obj = np.where(absent, default, obj)
           arr = np.where(is_int, obj, 0).astype(np.int64)
           bad = ~is_int
         bad |= arr < (spec.lo if spec.lo is not None else -2**62)
@@ -231,31 +394,54 @@ class ExecutionColumns:
     return cls(**cols)
 
   def record(self, index=()):
-    """The execution at ``index`` as a JSON-ready dict (Calculon format)."""
+    """The execution at ``index`` as a JSON-ready dict (Calculon format; the
+    optional fields only where they differ from their default)."""
     out = {}
     for name, (spec, names) in FIELD_SPECS.items():
       arr = np.broadcast_to(getattr(self, name), self.shape)
       value = arr[index]
       if names is not None:
+        if int(value) == UNSET:
+          continue
         out[name] = names[int(value)]
       elif spec.kind == 'bool':
         out[name] = bool(value)
       else:
         out[name] = int(value)
+    for name, (spec, names, default) in OPTIONAL_SPECS.items():
+      value = np.broadcast_to(getattr(self, name), self.shape)[index]
+      value = int(value)
+      if names is not None:
+        value = None if value == UNSET else names[value]
+      if value != default:
+        out[name] = value
     return out
 
   def to_frame(self):
-    """All executions as a pandas DataFrame (flattened, Calculon values)."""
+    """All executions as a pandas DataFrame (flattened, Calculon values; an
+    optional field is a column only when some execution sets it)."""
     import pandas as pd
     shape = self.shape
     data = {}
     for name, (spec, names) in FIELD_SPECS.items():
       arr = np.broadcast_to(getattr(self, name), shape).reshape(-1)
       if names is not None:
-        data[name] = np.asarray(names, dtype=object)[arr]
+        data[name] = _labels(names, arr)
       else:
         data[name] = arr
+    for name, (spec, names, default) in OPTIONAL_SPECS.items():
+      arr = np.broadcast_to(getattr(self, name), shape).reshape(-1)
+      code = default if names is None else _code(names, default)
+      if np.all(arr == code):
+        continue
+      data[name] = _labels(names, arr) if names is not None else arr
     return pd.DataFrame(data)
+
+
+def _labels(names, codes):
+  """Names of codes (None for UNSET)."""
+  table = np.asarray(list(names) + [None], dtype=object)
+  return table[np.where(codes == UNSET, len(names), codes)]
 
 
 @dataclass(frozen=True)
@@ -283,12 +469,21 @@ def _v(c, name, i):
   return value
 
 
+def _procs_message(c, i):
+  text = (f"= {_v(c, 'num_procs', i)} is not allowed: must equal "
+          'tensor_par * pipeline_par * data_par')
+  values = (f"{_v(c, 'tensor_par', i)} * {_v(c, 'pipeline_par', i)} * "
+            f"{_v(c, 'data_par', i)}")
+  if _v(c, 'context_par', i) != 1:
+    text += ' * context_par'
+    values += f" * {_v(c, 'context_par', i)}"
+  return f'{text} = {values}'
+
+
 RULES = (
   Rule('num_procs',
-       lambda c: c.num_procs != c.tensor_par * c.pipeline_par * c.data_par,
-       lambda c, i: f"= {_v(c, 'num_procs', i)} is not allowed: must equal "
-       f"tensor_par * pipeline_par * data_par = {_v(c, 'tensor_par', i)} * "
-       f"{_v(c, 'pipeline_par', i)} * {_v(c, 'data_par', i)}"),
+       lambda c: c.num_procs != c.tensor_par * c.pipeline_par * c.data_par *
+       c.context_par, _procs_message),
   Rule('batch_size',
        lambda c: c.batch_size % c.data_par != 0,
        lambda c, i: f"= {_v(c, 'batch_size', i)} is not allowed: must be a "
@@ -308,9 +503,30 @@ RULES = (
        lambda c, i: f"= {_v(c, 'pipeline_interleaving', i)} is not allowed: "
        "must be 1 when pipeline_par = 1"),
   Rule('optimizer_sharding',
-       lambda c: c.optimizer_sharding & (c.data_par <= 1),
+       lambda c: c.optimizer_sharding & (c.data_par * c.context_par <= 1),
        lambda c, i: '= true is not allowed: optimizer sharding needs '
-       'data_par > 1'),
+       'data_par > 1' + (' or context_par > 1'
+                         if _v(c, 'context_par', i) != 1 else '')),
+  Rule('data_par_sharding',
+       lambda c: (c.data_par_sharding != UNSET) & (
+         c.optimizer_sharding != (c.data_par_sharding != SHARD_NONE)),
+       lambda c, i: f"= {show(SHARDING_NAMES[_v(c, 'data_par_sharding', i)])}"
+       ' is not allowed with optimizer_sharding = '
+       f"{show(bool(_v(c, 'optimizer_sharding', i)))}: leave "
+       'optimizer_sharding out, or make it true exactly when the level is '
+       'not "none"'),
+  Rule('data_par_sharding',
+       lambda c: (c.data_par_sharding > SHARD_NONE) & ~c.training,
+       lambda c, i: f"= {show(SHARDING_NAMES[_v(c, 'data_par_sharding', i)])}"
+       ' is not allowed: sharding over data parallelism exists only when '
+       'training; use "none"'),
+  Rule('precision_recipe',
+       lambda c: (c.precision_recipe == RECIPE_TE) & (
+         (c.datatype != DATATYPE_NAMES.index('float8')) &
+         (c.datatype != DATATYPE_NAMES.index('float4'))),
+       lambda c, i: '= "transformer_engine" is not allowed with datatype '
+       f"{show(DATATYPE_NAMES[_v(c, 'datatype', i)])}: it needs a narrow "
+       'datatype ("float8" or "float4")'),
   Rule('tensor_par_overlap',
        lambda c: (c.tensor_par_overlap != TP_OVERLAP_NONE) & (c.tensor_par <= 1),
        lambda c, i: f"= {show(TP_OVERLAP_NAMES[_v(c, 'tensor_par_overlap', i)])}"

@@ -13,8 +13,10 @@ import numpy as np
 from calculon.config.execution import (
   RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, TP_OVERLAP_NONE)
 from calculon.llm.layers import (
-  flag, negate, BatchMatMul, DropOut, ElementWise, Fork, GeLU, LayerNorm, Linear,
-  LinearOverlapped, SoftMax, TPComm)
+  flag, negate, where, BatchMatMul, CrossEntropy, DropOut, ElementWise,
+  EmbeddingLookup, FlashAttention, Fork, GeLU, LayerNorm, Linear,
+  LinearOverlapped, RMSNorm, RoPE, SoftMax, SwiGLU, TPComm,
+  causal_tile_fraction)
 
 
 def _mask(cond):
@@ -22,6 +24,48 @@ def _mask(cond):
   if np.ndim(cond) == 0:
     return bool(cond)
   return cond
+
+
+def _scalar(x):
+  """0-d arrays as numpy scalars (so Python-level tests stay cheap)."""
+  return x[()] if isinstance(x, np.ndarray) and x.ndim == 0 else x
+
+
+class Shape:
+  """Per-rank sizes of one block for executions ``exe`` (arrays).
+
+  Attributes:
+    tp, cp: TP and CP degrees.
+    seq: local sequence (queries) s / CP; kv_seq: keys seen by a query (s).
+    batch_seq: tokens of one microbatch on one rank (microbatch x s / CP).
+    act, act_sp, act_in: full, sequence-parallel shard, and block-input
+      activation (elements).
+    kv_heads: K/V heads g; kv_sharded: the K/V heads split over TP (g a
+      multiple of TP), else each rank holds one replicated K/V head width
+      ceil(g / TP) x d (Megatron-Core's rule for ``num_query_groups``).
+  """
+
+  def __init__(self, app, exe, ctx):
+    from calculon.config.execution import ATTENTION_MULTIQUERY
+    self.tp = tp = ctx.tp
+    self.cp = cp = exe.context_par
+    self.seq = app.seq_size // cp
+    self.kv_seq = app.seq_size
+    self.batch_seq = exe.microbatch_size * self.seq
+    self.act = self.batch_seq * app.hidden
+    self.act_sp = (self.batch_seq // tp) * app.hidden
+    self.act_in = _scalar(np.where(ctx.seq_par, self.act_sp, self.act))
+    if app.kv_heads is not None:
+      g = app.kv_heads
+    else:
+      g = np.where(exe.attention_type == ATTENTION_MULTIQUERY, 1,
+                   app.attn_heads)
+    self.kv_heads = _scalar(g)
+    self.kv_sharded = _scalar(g % tp == 0)
+    d = app.attn_size
+    self.kv_total = _scalar(g * d)
+    self.kv_local = _scalar(np.where(self.kv_sharded, g * d // tp,
+                                     -(-g // tp) * d))
 
 
 def build_block(app, exe, ctx):
@@ -34,23 +78,29 @@ def build_block(app, exe, ctx):
 
   Returns:
     list of layers in execution order; layers absent for every execution are
-    left out (so a single run gets exactly its own layer list).
+    left out (so a single run gets exactly its own layer list).  Layers of
+    the attention core carry ``core = True`` (context parallelism overlaps
+    its ring communication with them).
 
   Layer sequence (Megatron-LM block; Korthikanti et al. 2022, figure 4):
   attention: fork, layer norm, f, Q/K/V projections, scores, softmax,
   dropout, context, output projection, g, dropout, residual; MLP: fork,
-  layer norm, f, MLP1, GeLU, MLP2, g, dropout, residual.
+  layer norm, f, MLP1, GeLU, MLP2, g, dropout, residual.  Modern variants
+  (the application's optional fields and the execution's new options):
+  RMSNorm; grouped-query K/V widths; RoPE on Q and K; FlashAttention
+  replacing scores/softmax/dropout/context; a gated MLP (fused gate/up GEMM
+  of width 2f, SwiGLU); no dropout; the parallel layout (GPT-J, PaLM
+  section 2: attention and MLP read the block input, their outputs are
+  summed and, with plain TP, reduced by a single g).
   """
+  from calculon.config.execution import KERNEL_FLASH
+  shape = Shape(app, exe, ctx)
   tp = ctx.tp
-  mbs = exe.microbatch_size
-  h, s = app.hidden, app.seq_size
+  h = app.hidden
   heads, head_size = app.attn_heads, app.attn_size
-  batch_seq = mbs * s
-  act = batch_seq * h                       # full activation, elements
-  act_sp = (batch_seq // tp) * h            # sequence-parallel shard
-  act_in = np.where(ctx.seq_par, act_sp, act)
-  if np.ndim(act_in) == 0:
-    act_in = act_in[()]
+  batch_seq, act, act_in = shape.batch_seq, shape.act, shape.act_in
+  s_q, s_k = shape.seq, shape.kv_seq
+  mbs = exe.microbatch_size
 
   full = exe.activation_recompute == RECOMPUTE_FULL
   attn_re = exe.activation_recompute != RECOMPUTE_NONE  # full or attn_only
@@ -58,22 +108,29 @@ def build_block(app, exe, ctx):
   mlp_recomm = full | exe.seq_par_ag_redo
   plain = exe.tensor_par_overlap == TP_OVERLAP_NONE
   overlap = ~plain
-  multiquery = exe.attention_type == 1
-  multihead = ~multiquery
+  kv_sharded = shape.kv_sharded
   qkv_width = heads * head_size
+  flash = exe.attention_kernel == KERNEL_FLASH
+  standard = ~flash
+  parallel = app.block_layout == 'parallel'
+  dropout = app.dropout
+  norm_cls = RMSNorm if app.norm == 'rmsnorm' else LayerNorm
+  norm_name = 'RMSNorm' if app.norm == 'rmsnorm' else 'LayerNorm'
 
   layers = []
 
-  def add(layer_cls, name, *args, present=True, **kw):
+  def add(layer_cls, name, *args, present=True, core=False, **kw):
     present = _mask(present)
     if present is False:
       return
-    layers.append(layer_cls(name, ctx, *args, present=present, **kw))
+    layer = layer_cls(name, ctx, *args, present=present, **kw)
+    layer.core = core
+    layers.append(layer)
 
   # -- attention ---------------------------------------------------------------
-  add(Fork, 'AttnBlock_Fork', act_in, 2, recompute=full,
+  add(Fork, 'AttnBlock_Fork', act_in, 3 if parallel else 2, recompute=full,
       activation_stored=True)
-  add(LayerNorm, 'AttnBlock_LayerNorm', act_in, h, recompute=full,
+  add(norm_cls, f'AttnBlock_{norm_name}', act_in, h, recompute=full,
       activation_stored=False, activation_reused=True)
   add(TPComm, 'AttnBlock_F', act, False, recomm=attn_recomm, present=plain)
   add(Fork, 'AttnBlock_Multihead_Fork', act, 3, recompute=attn_recomm,
@@ -81,60 +138,146 @@ def build_block(app, exe, ctx):
   add(Linear, 'AttnBlock_Query', batch_seq, h, qkv_width // tp,
       recompute=full, activation_stored=False, activation_reused=True,
       present=plain)
-  add(LinearOverlapped, 'AttnBlock_QKV_AG', batch_seq, h, qkv_width * 3,
-      False, recompute=full, recomm=attn_recomm,
-      present=overlap & multihead)
+  add(LinearOverlapped, 'AttnBlock_QKV_AG', batch_seq, h,
+      qkv_width + 2 * shape.kv_total, False, recompute=full,
+      recomm=attn_recomm, present=overlap & kv_sharded)
   add(LinearOverlapped, 'AttnBlock_Query_AG', batch_seq, h, qkv_width, False,
-      recompute=full, recomm=attn_recomm, present=overlap & multiquery)
+      recompute=full, recomm=attn_recomm, present=overlap & ~kv_sharded)
   add(Fork, 'AttnBlock_KV_Fork', act, 2, recompute=attn_recomm,
-      activation_stored=~attn_recomm, present=overlap & multiquery)
-  kv_width = np.where(plain & multihead, qkv_width // tp, head_size)
+      activation_stored=~attn_recomm, present=overlap & ~kv_sharded)
   for name in ('AttnBlock_Key', 'AttnBlock_Value'):
-    add(Linear, name, batch_seq, h, kv_width, recompute=full,
+    add(Linear, name, batch_seq, h, shape.kv_local, recompute=full,
         activation_stored=False, activation_reused=True,
-        present=plain | multiquery)
+        present=plain | ~kv_sharded)
+  if app.pos_embedding == 'rope':
+    add(RoPE, 'AttnBlock_RoPE', batch_seq * (qkv_width // tp +
+                                             shape.kv_local), recompute=full)
   heads_local = mbs * heads // tp
-  scores = heads // tp * s ** 2 * mbs
-  add(BatchMatMul, 'AttnBlock_Multihead_Key_Query', heads_local, s,
-      head_size, s, recompute=attn_re, output_stored=~attn_re)
+  scores = heads // tp * s_q * s_k * mbs
+  add(BatchMatMul, 'AttnBlock_Multihead_Key_Query', heads_local, s_q,
+      head_size, s_k, recompute=attn_re, output_stored=~attn_re,
+      present=standard, core=True)
   add(SoftMax, 'AttnBlock_Multihead_SoftMax', scores, recompute=attn_re,
-      output_stored=~attn_re)
+      output_stored=~attn_re, present=standard, core=True)
   add(DropOut, 'AttnBlock_Multihead_DropOut', scores, recompute=attn_re,
-      activation_stored=~attn_re)
-  add(BatchMatMul, 'AttnBlock_Multihead_Attn', heads_local, s, s,
-      qkv_width // heads, recompute=full)
+      activation_stored=~attn_re, present=standard & dropout, core=True)
+  add(BatchMatMul, 'AttnBlock_Multihead_Attn', heads_local, s_q, s_k,
+      qkv_width // heads, recompute=full, present=standard, core=True)
+  add(FlashAttention, 'AttnBlock_FlashAttention', heads_local, s_q, s_k,
+      head_size, qkv_width // heads, 2 * mbs * s_q * shape.kv_local,
+      causal_tile_fraction(app.seq_size), recompute=attn_re,
+      activation_stored=~attn_re, present=flash, core=True)
   add(Linear, 'AttnBlock_MLP', batch_seq, qkv_width // tp, h, recompute=full,
       present=plain)
   add(TPComm, 'AttnBlock_G', act, True, recomm=full, activation_stored=False,
-      present=plain)
+      present=False if parallel else plain)
   add(LinearOverlapped, 'AttnBlock_MLP_RS', batch_seq, qkv_width, h, True,
       recompute=full, recomm=full, present=overlap)
-  add(DropOut, 'AttnBlock_DropOut', act_in, recompute=full)
-  add(ElementWise, 'AttnBlock_Residual', act_in, act_in, recompute=full,
-      activation_stored=False, activation_reused=True)
+  if not parallel:
+    add(DropOut, 'AttnBlock_DropOut', act_in, recompute=full,
+        present=dropout)
+    add(ElementWise, 'AttnBlock_Residual', act_in, act_in, recompute=full,
+        activation_stored=False, activation_reused=True)
 
   # -- MLP ---------------------------------------------------------------------
   ff = app.feedforward
-  add(Fork, 'MlpBlock_Fork', act_in, 2, recompute=full,
-      activation_stored=True)
-  add(LayerNorm, 'MlpBlock_LayerNorm', act_in, h, recompute=full,
+  up = 2 * ff if app.gated else ff
+  if not parallel:
+    add(Fork, 'MlpBlock_Fork', act_in, 2, recompute=full,
+        activation_stored=True)
+  add(norm_cls, f'MlpBlock_{norm_name}', act_in, h, recompute=full,
       activation_stored=False, activation_reused=True)
   add(TPComm, 'MlpBlock_F', act, False, recomm=mlp_recomm, present=plain)
-  add(Linear, 'MlpBlock_Mlp1', batch_seq, h, ff // tp, recompute=full,
+  add(Linear, 'MlpBlock_Mlp1', batch_seq, h, up // tp, recompute=full,
       activation_stored=~mlp_recomm, present=plain)
-  add(LinearOverlapped, 'MlpBlock_Mlp1_AG', batch_seq, h, ff, False,
+  add(LinearOverlapped, 'MlpBlock_Mlp1_AG', batch_seq, h, up, False,
       recompute=full, recomm=mlp_recomm, present=overlap)
-  add(GeLU, 'MlpBlock_GeLU', ff * batch_seq // tp, exe.fused_activation,
-      recompute=full)
+  if app.gated:
+    add(SwiGLU, 'MlpBlock_SwiGLU', ff * batch_seq // tp,
+        exe.fused_activation, recompute=full)
+  else:
+    add(GeLU, 'MlpBlock_GeLU', ff * batch_seq // tp, exe.fused_activation,
+        recompute=full)
   add(Linear, 'MlpBlock_Mlp2', batch_seq, ff // tp, h, recompute=full,
       present=plain)
+  if parallel:
+    # Attention and MLP partial outputs are summed before one reduction.
+    add(ElementWise, 'ParallelBlock_Sum', act, act, recompute=full,
+        activation_stored=False, present=plain)
+    add(ElementWise, 'ParallelBlock_Sum', act_in, act_in, recompute=full,
+        activation_stored=False, present=overlap)
   add(TPComm, 'MlpBlock_G', act, True, recomm=full, activation_stored=False,
       present=plain)
   add(LinearOverlapped, 'MlpBlock_Mlp2_RS', batch_seq, ff, h, True,
       recompute=full, recomm=full, present=overlap)
-  add(DropOut, 'MlpBlock_DropOut', act_in, recompute=full)
+  add(DropOut, 'MlpBlock_DropOut', act_in, recompute=full, present=dropout)
   add(ElementWise, 'MlpBlock_Residual', act_in, act_in, recompute=full,
       activation_stored=False, activation_reused=True)
+  return layers
+
+
+def build_embedding(app, exe, ctx):
+  """Layers of the input embedding on the first pipeline stage (empty
+  without a vocabulary): the vocabulary-parallel lookup (V / TP rows per
+  rank, plus a learned s x h position table), the reduction of its
+  partial outputs over TP (all-reduce, or reduce-scatter with sequence
+  parallelism: Megatron-LM ``VocabParallelEmbedding``) and dropout."""
+  if not app.has_vocab:
+    return []
+  shape = Shape(app, exe, ctx)
+  tp = ctx.tp
+  table = -(-app.vocab_size // tp) * app.hidden
+  positions = app.seq_size * app.hidden \
+    if app.pos_embedding == 'learned' else 0
+  layers = []
+
+  def add(layer_cls, name, *args, present=True, **kw):
+    present = _mask(present)
+    if present is False:
+      return
+    layer = layer_cls(name, ctx, *args, present=present, **kw)
+    layer.core = False
+    layers.append(layer)
+  add(EmbeddingLookup, 'Embedding_Lookup', shape.act, table, positions,
+      activation_stored=False)
+  add(TPComm, 'Embedding_G', shape.act, True, activation_stored=False,
+      present=tp > 1)
+  add(DropOut, 'Embedding_DropOut', shape.act_in, present=app.dropout)
+  return layers
+
+
+def build_head(app, exe, ctx, holds_weights=True):
+  """Layers of the LM head and loss on the last pipeline stage (empty
+  without a vocabulary): final norm, f (identity, or all-gather with
+  sequence parallelism), the logits GEMM (h x V / TP, kept 16-bit under
+  Transformer Engine) and the vocabulary-parallel cross-entropy.
+  ``holds_weights=False`` (tied embeddings on a single stage) leaves the
+  head's weights to the embedding."""
+  if not app.has_vocab:
+    return []
+  shape = Shape(app, exe, ctx)
+  tp = ctx.tp
+  vocab_local = -(-app.vocab_size // tp)
+  norm_cls = RMSNorm if app.norm == 'rmsnorm' else LayerNorm
+  layers = []
+
+  def add(layer_cls, name, *args, present=True, **kw):
+    present = _mask(present)
+    if present is False:
+      return
+    layer = layer_cls(name, ctx, *args, present=present, **kw)
+    layer.core = False
+    layers.append(layer)
+  add(norm_cls, 'Head_Norm', shape.act_in, app.hidden)
+  add(TPComm, 'Head_F', shape.act, False, present=tp > 1)
+  head = Linear('Head_Logits', ctx, shape.batch_seq, app.hidden, vocab_local,
+                narrow=False)
+  if holds_weights is not True:
+    for attr in ('weights', 'weight_grads', 'optim'):
+      setattr(head, attr, where(holds_weights, getattr(head, attr), 0))
+  head.core = False
+  layers.append(head)
+  add(CrossEntropy, 'Head_CrossEntropy', shape.batch_seq * vocab_local)
   return layers
 
 
@@ -203,7 +346,9 @@ class BlockTotals:
     names += ['weight_bytes', 'act_working_bytes', 'act_storage_bytes',
               'weight_grad_bytes', 'weight_grad_unsharded_bytes',
               'act_grad_bytes', 'optimizer_bytes', 'useful_bw_flops',
-              'dp_window_re_flops_time', 'dp_window_re_mem_time']
+              'dp_window_re_flops_time', 'dp_window_re_mem_time',
+              'weight_elems', 'core_fw_time', 'core_bw_time',
+              'matrix_fw_flops', 'matrix_bw_flops']
     acc = {n: _Sum() for n in names}
     tp_req = 0.0
     train = flag(training)
@@ -269,7 +414,20 @@ class BlockTotals:
           acc[f'{stage}_mem_time'].add(layer.mem_time_s(stage), p, t)
           acc[f'{stage}_time'].add(layer.processing_time_s(stage), p, t)
 
+      # Attention core (context parallelism overlaps its ring with it) and
+      # GEMM FLOP (model FLOP checks).
+      if getattr(layer, 'core', False):
+        acc['core_fw_time'].add(layer.processing_time_s('fw'), p)
+        if train is not False:
+          acc['core_bw_time'].add(layer.processing_time_s('agrad') +
+                                  layer.processing_time_s('wgrad'), p, train)
+      if layer.matrix:
+        acc['matrix_fw_flops'].add(fw_flops, p)
+        if train is not False:
+          acc['matrix_bw_flops'].add(layer.flops('agrad') +
+                                     layer.flops('wgrad'), p, train)
       # Memory kept per block.
+      acc['weight_elems'].add(layer.weights, p)
       acc['weight_bytes'].add(layer.weight_bytes(), p)
       act = layer.activation_bytes()
       if layer.activation_reused is not True:

@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 from calculon.config import Application, Execution, ExecutionColumns
-from calculon.config.execution import FIELDS
+from calculon.config.execution import ALL_FIELDS, FIELDS
 from calculon.errors import ConfigError, Infeasible
 from calculon.hardware import System
 from calculon.llm.engine import evaluate_columns
@@ -92,7 +92,7 @@ class _Execution:
       config = Execution.from_dict(dict(zip(FIELDS, values)))
     self.config = config
     self.source = source
-    for name in FIELDS:
+    for name in ALL_FIELDS:
       setattr(self, name, getattr(config, name))
     self.global_batch_size = config.batch_size
 
@@ -102,8 +102,8 @@ class _Execution:
   def columns(self):
     """This execution as 0-d :class:`ExecutionColumns`."""
     cols = ExecutionColumns.from_records([self.config.to_dict()])
-    for name in FIELDS:
-      setattr(cols, name, getattr(cols, name)[0])
+    for name in ALL_FIELDS:
+      setattr(cols, name, np.asarray(getattr(cols, name))[0])
     return cols
 
   def get_peers_json(self):

@@ -10,7 +10,9 @@ with every statistic plus ``feasible`` and ``reason``.
 import numpy as np
 
 from calculon.config import Application, ExecutionColumns, check_rules
-from calculon.config.execution import DATATYPE_NAMES, TP_COMM_AR
+from calculon.config.execution import (
+  ATTENTION_AUTO, ATTENTION_GROUPED, ATTENTION_MULTIHEAD, ATTENTION_MULTIQUERY,
+  ATTENTION_NAMES, DATATYPE_NAMES, RECIPE_TE, TP_COMM_AR)
 from calculon.errors import ConfigError
 from calculon.hardware import System
 from calculon.llm.model import Evaluation
@@ -41,7 +43,8 @@ def check_compatible(app, system, exe, source='<execution>'):
   where = (lambda i: '') if shape in ((), (1,)) else (
     lambda i: f' execution {i[0] if len(i) == 1 else i}:')
   n = system.num_networks
-  for field in ('tensor_par_net', 'pipeline_par_net', 'data_par_net'):
+  for field in ('tensor_par_net', 'pipeline_par_net', 'data_par_net',
+                'context_par_net'):
     i = _first(getattr(exe, field) >= n, shape)
     if i is not None:
       value = int(_at(getattr(exe, field), shape, i))
@@ -58,6 +61,18 @@ def check_compatible(app, system, exe, source='<execution>'):
       raise ConfigError(f"{source}:{where(i)} field 'datatype' = \"{name}\" is "
                         f'not allowed: {err.allowed}', source=source,
                         field='datatype', value=name) from None
+  i = _first((exe.precision_recipe == RECIPE_TE), shape)
+  if i is not None:
+    try:
+      system.check_datatype('bfloat16')
+    except ConfigError as err:
+      raise ConfigError(
+        f"{source}:{where(i)} field 'precision_recipe' = "
+        '"transformer_engine" is not allowed: it runs everything but the '
+        'linear layers in bfloat16, and ' + str(err.allowed),
+        source=source, field='precision_recipe',
+        value='transformer_engine') from None
+  _check_attention(app, exe, shape, where, source)
   tp = exe.tensor_par
   for what, size in (('hidden', app.hidden), ('feedforward', app.feedforward),
                      ('attn_heads', app.attn_heads)):
@@ -68,7 +83,17 @@ def check_compatible(app, system, exe, source='<execution>'):
         f"{source}:{where(i)} field 'tensor_par' = {value} is not allowed: "
         f"it must divide the application's {what} ({size})",
         source=source, field='tensor_par', value=value)
-  batch_seq = exe.microbatch_size * app.seq_size
+  cp = exe.context_par
+  i = _first((cp > 1) & (app.seq_size % (2 * cp) != 0), shape)
+  if i is not None:
+    value = int(_at(cp, shape, i))
+    raise ConfigError(
+      f"{source}:{where(i)} field 'context_par' = {value} is not allowed: "
+      f"2 x context_par must divide the application's seq_size "
+      f'({app.seq_size}); the causal mask is balanced over 2 x CP chunks '
+      '(Megatron-Core context parallelism)',
+      source=source, field='context_par', value=value)
+  batch_seq = exe.microbatch_size * (app.seq_size // cp)
   bad = (exe.tensor_par_comm_type != TP_COMM_AR) & (batch_seq % tp != 0)
   i = _first(bad, shape)
   if i is not None:
@@ -76,8 +101,48 @@ def check_compatible(app, system, exe, source='<execution>'):
     raise ConfigError(
       f"{source}:{where(i)} field 'tensor_par' = {value} is not allowed: with "
       "tensor_par_comm_type 'rs_ag' or 'p2p_rs_ag' it must divide "
-      'microbatch_size * seq_size = '
-      f'{int(_at(batch_seq, shape, i))}',
+      'microbatch_size * seq_size' + (' / context_par' if np.any(cp > 1)
+                                      else '') +
+      f' = {int(_at(batch_seq, shape, i))}',
+      source=source, field='tensor_par', value=value)
+
+
+def _check_attention(app, exe, shape, where, source):
+  """attention_type against the application's kv_heads, and the K/V heads
+  against TP (Megatron-Core: num_query_groups must be a multiple or a
+  divisor of the tensor-parallel size).
+
+  Raises:
+    ConfigError: a contradiction.
+  """
+  att = exe.attention_type
+  heads, kv = app.attn_heads, app.kv_heads
+  if kv is None:
+    i = _first(att == ATTENTION_GROUPED, shape)
+    if i is not None:
+      raise ConfigError(
+        f"{source}:{where(i)} field 'attention_type' = \"grouped\" is not "
+        "allowed: grouped-query attention needs the application's kv_heads "
+        '(use "multihead" or "multiquery", or set kv_heads)',
+        source=source, field='attention_type', value='grouped')
+    return
+  implied = ATTENTION_MULTIHEAD if kv == heads else (
+    ATTENTION_MULTIQUERY if kv == 1 else ATTENTION_GROUPED)
+  i = _first((att != ATTENTION_AUTO) & (att != implied), shape)
+  if i is not None:
+    name = ATTENTION_NAMES[int(_at(att, shape, i))]
+    raise ConfigError(
+      f"{source}:{where(i)} field 'attention_type' = \"{name}\" is not "
+      f"allowed: the application has kv_heads = {kv} of {heads} heads, i.e. "
+      f'"{ATTENTION_NAMES[implied]}" (or leave attention_type out)',
+      source=source, field='attention_type', value=name)
+  tp = exe.tensor_par
+  i = _first((kv % tp != 0) & (tp % kv != 0), shape)
+  if i is not None:
+    value = int(_at(tp, shape, i))
+    raise ConfigError(
+      f"{source}:{where(i)} field 'tensor_par' = {value} is not allowed: it "
+      f"must be a multiple or a divisor of the application's kv_heads ({kv})",
       source=source, field='tensor_par', value=value)
 
 

@@ -57,18 +57,36 @@ class BlockContext:
   Attributes (arrays broadcastable over the executions):
     system: the :class:`~calculon.hardware.System`.
     dtype: datatype code; bytes_per_element: its size in bytes.
-    optimizer_shards: processors sharing the optimizer state (DP when
-      optimizer sharding is on, else 1).
+    optimizer_shards: processors sharing the optimizer state (DP x CP when
+      the optimizer is sharded, else 1).
+    grad_shards: processors sharing the gradients of finished blocks.
+    grad_bytes: bytes per kept gradient element; grad_buffer_bytes: bytes per
+      element of the unsharded accumulation buffer of the block being
+      computed (Calculon: fp32).
     tp: tensor-parallel degree; tp_tier: its network tier.
     tp_comm: TP communication code; tp_overlap: TP overlap code.
+    Precision (Transformer Engine recipe, else all equal to ``dtype`` /
+    ``bytes_per_element``): linear_dtype, other_dtype (compute datatype of
+    the linear layers' GEMMs / of everything else), io_bytes (bytes per
+    activation element moved or kept), linear_act_bytes (bytes per stored
+    input of a linear layer), linear_weight_bytes, other_weight_bytes
+    (bytes kept per weight element).
   """
 
   def __init__(self, system, dtype, bytes_per_element, optimizer_shards, tp,
-               tp_tier, tp_comm, tp_overlap):
+               tp_tier, tp_comm, tp_overlap, *, grad_shards=None,
+               grad_bytes=None, grad_buffer_bytes=FP32_BYTES,
+               linear_dtype=None, other_dtype=None, io_bytes=None,
+               linear_act_bytes=None, linear_weight_bytes=None,
+               other_weight_bytes=None):
     self.system = system
     self.dtype = dtype
     self.bytes_per_element = bytes_per_element
     self.optimizer_shards = optimizer_shards
+    self.grad_shards = optimizer_shards if grad_shards is None \
+      else grad_shards
+    self.grad_bytes = bytes_per_element if grad_bytes is None else grad_bytes
+    self.grad_buffer_bytes = grad_buffer_bytes
     self.tp = tp
     self.tp_tier = tp_tier
     self.tp_comm = tp_comm
@@ -76,6 +94,15 @@ class BlockContext:
     self.seq_par = tp_comm == TP_COMM_RS_AG
     self.p2p = tp_comm == TP_COMM_P2P_RS_AG
     self.tp_usage = system.networks.usage(tp_tier)
+
+    def given(x, default):
+      return default if x is None else x
+    self.linear_dtype = given(linear_dtype, dtype)
+    self.other_dtype = given(other_dtype, dtype)
+    self.io_bytes = given(io_bytes, bytes_per_element)
+    self.linear_act_bytes = given(linear_act_bytes, self.io_bytes)
+    self.linear_weight_bytes = given(linear_weight_bytes, bytes_per_element)
+    self.other_weight_bytes = given(other_weight_bytes, bytes_per_element)
 
 
 class Layer:
@@ -96,6 +123,8 @@ class Layer:
   """
 
   matrix = False
+  #: Linear layers run in the narrow datatype under Transformer Engine.
+  linear = False
 
   def __init__(self, name, ctx, *, fw_flops=0.0, agrad_flops=0.0,
                wgrad_flops=0.0, inputs=0.0, outputs=0.0, activation=0.0,
@@ -121,6 +150,14 @@ class Layer:
     self.output_stored = flag(output_stored)
     self.present = flag(present)
     self._cache = {}
+    narrow = self.linear and getattr(self, 'narrow', True)
+    #: Compute datatype code, bytes per activation element moved, bytes per
+    #: stored activation element, bytes per kept weight element.
+    self.dtype = ctx.linear_dtype if narrow else ctx.other_dtype
+    self.bpe = ctx.io_bytes
+    self.act_bpe = ctx.linear_act_bytes if narrow else ctx.io_bytes
+    self.weight_bpe = ctx.linear_weight_bytes if narrow else \
+      ctx.other_weight_bytes
 
   def _memo(self, key, fn):
     if key not in self._cache:
@@ -141,20 +178,19 @@ class Layer:
 
   def fw_mem_bytes(self):
     """Forward traffic: read inputs and weights, write outputs."""
-    return (self.inputs + self.outputs + self.weights) * \
-      self.ctx.bytes_per_element
+    return (self.inputs + self.outputs + self.weights) * self.bpe
 
   def agrad_mem_bytes(self):
     """Activation-gradient traffic: weights, stored activations, grads."""
     return (self.weights + (self.activation + self.activation_grads)) * \
-      self.ctx.bytes_per_element
+      self.bpe
 
   def wgrad_mem_bytes(self):
     """Weight-gradient traffic (none for layers without weights)."""
     if np.ndim(self.weights) == 0 and self.weights == 0:
       return 0.0
     mem = (self.weight_grads + (self.activation + self.activation_grads)) * \
-      self.ctx.bytes_per_element
+      self.bpe
     return where(self.weights == 0, 0.0, mem)
 
   def mem_bytes(self, stage):
@@ -174,7 +210,8 @@ class Layer:
       flops = self.flops(stage)
       engine = self.ctx.system.matrix if self.matrix and stage != 'optim' \
         else self.ctx.system.vector
-      return engine.time_s(self.ctx.dtype, flops)
+      dtype = self.dtype if stage != 'optim' else self.ctx.other_dtype
+      return engine.time_s(dtype, flops)
     return self._memo(('flops_time', stage), compute)
 
   def mem_time_s(self, stage):
@@ -217,40 +254,48 @@ class Layer:
 
   # -- Memory kept -------------------------------------------------------------
   def weight_bytes(self):
-    return self.weights * self.ctx.bytes_per_element
+    return self.weights * self.weight_bpe
 
   def activation_bytes(self):
-    return self.activation * self.ctx.bytes_per_element
+    return self.activation * self.act_bpe
 
   def output_bytes(self):
-    return self.outputs * self.ctx.bytes_per_element
+    return self.outputs * self.bpe
 
   def weight_grad_bytes(self, sharded=True):
-    """Weight gradients: in the datatype and sharded like the optimizer for
-    communication, or in fp32 for accumulation (``sharded=False``)."""
+    """Weight gradients kept between blocks (``grad_bytes`` per element,
+    divided over the gradient shards; Calculon: the datatype, sharded like
+    the optimizer), or the unsharded accumulation buffer of the block being
+    computed (``sharded=False``; Calculon: fp32)."""
     if sharded:
-      return self.weight_grads * self.ctx.bytes_per_element / \
-        self.ctx.optimizer_shards
-    return self.weight_grads * FP32_BYTES
+      return self.weight_grads * self.ctx.grad_bytes / self.ctx.grad_shards
+    return self.weight_grads * self.ctx.grad_buffer_bytes
 
   def activation_grad_bytes(self):
-    return self.activation_grads * self.ctx.bytes_per_element
+    return self.activation_grads * self.bpe
 
   def optimizer_bytes(self):
     """Adam moments in fp32 plus an fp32 master copy of the weights when the
-    datatype is narrower than 4 bytes, divided over the optimizer shards."""
+    weights are kept narrower than 4 bytes, divided over the optimizer
+    shards (Rajbhandari et al. 2020, section 3.1: K = 12 bytes)."""
     moments = self.optim * FP32_BYTES
-    master = where(self.ctx.bytes_per_element < FP32_BYTES,
+    master = where(self.weight_bpe < FP32_BYTES,
                    self.weights * FP32_BYTES, 0.0)
     return (master + moments) / self.ctx.optimizer_shards
 
 
 class Linear(Layer):
-  """A GEMM y = x W with x: m x n and W: n x k (m = microbatch * sequence)."""
+  """A GEMM y = x W with x: m x n and W: n x k (m = microbatch * sequence).
+
+  ``narrow=False`` keeps it in 16-bit under Transformer Engine (the LM head,
+  as Megatron-LM and DeepSeek-V3 do, arXiv:2412.19437 section 3.3).
+  """
 
   matrix = True
+  linear = True
 
-  def __init__(self, name, ctx, m, n, k, **flags):
+  def __init__(self, name, ctx, m, n, k, narrow=True, **flags):
+    self.narrow = narrow
     super().__init__(name, ctx, fw_flops=2.0 * m * n * k,
                      agrad_flops=2.0 * m * n * k, wgrad_flops=2.0 * m * n * k,
                      inputs=m * n, outputs=m * k, weights=n * k,
@@ -270,6 +315,7 @@ class LinearOverlapped(Layer):
   """
 
   matrix = True
+  linear = True
 
   def __init__(self, name, ctx, m, n, k, conjugate, **flags):
     tp = ctx.tp
@@ -299,7 +345,7 @@ class LinearOverlapped(Layer):
   def comm_bytes(self, stage, edge):
     def compute():
       split = self._split(edge)
-      bpe = self.ctx.bytes_per_element
+      bpe = self.bpe
       gather = self.inputs * bpe
       reduce = self.outputs * bpe
       if stage == 'fw':
@@ -326,8 +372,8 @@ class LinearOverlapped(Layer):
       size = self.comm_bytes(stage, edge)
       peers, tier = ctx.tp, ctx.tp_tier
       # Reduction arithmetic of the collective runs on the vector engine.
-      red_flops = size / ctx.bytes_per_element * (peers - 1) / peers
-      red_time = ctx.system.vector.time_s(ctx.dtype, red_flops)
+      red_flops = size / self.bpe * (peers - 1) / peers
+      red_time = ctx.system.vector.time_s(ctx.other_dtype, red_flops)
       if self.conjugate:   # forward: reduce-scatter | all-reduce
         if stage == 'agrad':   # backward: all-gather | nothing
           out = where(split, net.time_s('all_gather', size, peers, tier), 0.0)
@@ -440,8 +486,7 @@ class DropOut(Layer):
     return self.activation_grads
 
   def fw_mem_bytes(self):
-    return (self.inputs + self.outputs) * self.ctx.bytes_per_element + \
-      self.activation
+    return (self.inputs + self.outputs) * self.bpe + self.activation
 
   def agrad_mem_bytes(self):
     return self.fw_mem_bytes()
@@ -495,7 +540,7 @@ class Fork(Layer):
     return 0.0
 
   def agrad_mem_bytes(self):
-    return self.activation * self.ctx.bytes_per_element * (self.users + 1)
+    return self.activation * self.bpe * (self.users + 1)
 
 
 class TPComm(Layer):
@@ -520,7 +565,7 @@ class TPComm(Layer):
                      outputs=io, activation=io, activation_grads=io, **flags)
 
   def activation_bytes(self):
-    bpe, tp = self.ctx.bytes_per_element, self.ctx.tp
+    bpe, tp = self.bpe, self.ctx.tp
     other = self.activation * bpe if self.conjugate else 0.0
     return where(self.ctx.seq_par, self.activation * bpe / tp, other)
 
@@ -530,7 +575,7 @@ class TPComm(Layer):
     return where(self.ctx.seq_par, super().fw_mem_bytes(), 0.0)
 
   def activation_grad_bytes(self):
-    bpe, tp = self.ctx.bytes_per_element, self.ctx.tp
+    bpe, tp = self.bpe, self.ctx.tp
     other = 0.0 if self.conjugate else self.activation_grads * bpe
     return where(self.ctx.seq_par, self.activation * bpe / tp, other)
 
@@ -545,7 +590,7 @@ class TPComm(Layer):
   def comm_bytes(self, stage, edge):
     def compute():
       split = self._split(edge)
-      full = self.size * self.ctx.bytes_per_element
+      full = self.size * self.bpe
       if stage in ('fw', 'agrad'):
         silent = (stage == 'agrad') if self.conjugate else (stage == 'fw')
         out = where(split, full, 0.0) if silent else full
@@ -593,3 +638,163 @@ class TPComm(Layer):
   def processing_time_s(self, stage):
     # Its time is all communication, accounted in net_time_s.
     return 0.0
+
+
+# -- layers of modern transformers ---------------------------------------------
+
+class RMSNorm(Layer):
+  """RMS normalization over ``hidden`` with a scale and no bias (Zhang and
+  Sennrich 2019, "Root Mean Square Layer Normalization", eq. 4).
+
+  FLOP per element: Calculon's LayerNorm count (9 forward, 14 + 7
+  backward) without the centering (mean and subtraction: 2 forward, 4
+  backward) and the bias (1 forward, 3 weight-gradient): 6, 10 and 4.
+  Weights: the scale only (``hidden``).
+  """
+
+  def __init__(self, name, ctx, size, hidden, **flags):
+    super().__init__(name, ctx, fw_flops=6 * size, agrad_flops=10 * size,
+                     wgrad_flops=4 * size, inputs=size, outputs=size,
+                     activation=size, activation_grads=size,
+                     weights=hidden, weight_grads=hidden, optim=2 * hidden,
+                     **flags)
+
+
+class SwiGLU(Layer):
+  """Gated activation of a gated MLP, ``act(gate) * up`` (Shazeer 2020,
+  "GLU Variants Improve Transformer", eq. 6): reads the 2 x ``size`` output
+  of the fused gate/up GEMM, writes ``size``.  It keeps its input (both
+  halves) for the backward pass unless fused into the GEMM (then, as
+  Calculon's fused GeLU, it keeps nothing).  FLOP per output element: 6
+  forward (SiLU: negate, exp, add, divide, multiply; the gating product),
+  13 backward (as Calculon's GeLU).
+  """
+
+  def __init__(self, name, ctx, size, fused, **flags):
+    kept = where(fused, 0, 2 * size)
+    super().__init__(name, ctx, fw_flops=6 * size, agrad_flops=13 * size,
+                     inputs=2 * size, outputs=size, activation=kept,
+                     activation_grads=where(fused, 0, size), **flags)
+
+  def agrad_mem_bytes(self):
+    return self.fw_mem_bytes()
+
+
+class RoPE(Layer):
+  """Rotary position embedding applied to the queries and keys (Su et al.
+  2021, "RoFormer", eq. 34: x cos + rotate(x) sin): 3 FLOP per element
+  forward and backward; it keeps nothing (cos and sin are recomputed)."""
+
+  def __init__(self, name, ctx, size, **flags):
+    super().__init__(name, ctx, fw_flops=3 * size, agrad_flops=3 * size,
+                     inputs=size, outputs=size, activation=0,
+                     activation_grads=size, **flags)
+
+  def agrad_mem_bytes(self):
+    return self.fw_mem_bytes()
+
+
+#: FlashAttention-2 tile width along the sequence (Dao 2023,
+#: "FlashAttention-2", section 3.3: block sizes {64, 128}).
+FLASH_TILE = 128
+
+
+def causal_tile_fraction(seq_size):
+  """Fraction of the s x s score tiles a causal FlashAttention kernel
+  computes: the kernel skips fully masked tiles (Dao 2023, section 3.1.1),
+  leaving n (n + 1) / 2 of n^2 tiles for n = ceil(s / tile)."""
+  n = -(-seq_size // FLASH_TILE)
+  return (n + 1) / (2 * n)
+
+
+class FlashAttention(Layer):
+  """Fused attention core, FlashAttention-2 (Dao 2023): scores and softmax
+  stay on chip, never stored.
+
+  Args:
+    heads: batch x local query heads.
+    q_len, kv_len: query and key/value lengths (with context parallelism
+      the local queries see every key).
+    head_size, v_size: query/key and value head widths.
+    kv_elems: elements of the local K and V read and kept.
+    causal: the fraction of the score tiles computed
+      (:func:`causal_tile_fraction`).
+
+  FLOP: forward 2 GEMMs (Q K^T and P V); backward 5 (recomputed Q K^T,
+  dV, dP, dQ, dK; Dao 2023, algorithm 2), i.e. 2.5 x forward.  Memory kept
+  for the backward pass: Q, K, V and the fp32 log-sum-exp per query and
+  head (the output O is the next projection's stored input); traffic:
+  Q, K, V read, O written (forward), plus dO, O read and dQ, dK, dV written
+  (backward).
+  """
+
+  matrix = True
+
+  def __init__(self, name, ctx, heads, q_len, kv_len, head_size, v_size,
+               kv_elems, causal, **flags):
+    qk = heads * q_len * kv_len * head_size * causal
+    pv = heads * q_len * kv_len * v_size * causal
+    fw = 2.0 * qk + 2.0 * pv
+    q_elems = heads * q_len * head_size
+    o_elems = heads * q_len * v_size
+    self.lse_elems = heads * q_len
+    super().__init__(name, ctx, fw_flops=fw, agrad_flops=2.0 * fw + 2.0 * qk,
+                     inputs=q_elems + kv_elems, outputs=o_elems,
+                     activation=q_elems + kv_elems, activation_grads=o_elems,
+                     **flags)
+
+  def activation_bytes(self):
+    return self.activation * self.act_bpe + self.lse_elems * FP32_BYTES
+
+  def agrad_mem_bytes(self):
+    return (self.inputs + 2 * self.outputs + self.activation_grads +
+            self.inputs) * self.bpe
+
+
+class EmbeddingLookup(Layer):
+  """Vocabulary-parallel input embedding (Megatron-LM
+  ``VocabParallelEmbedding``): each TP rank holds ``vocab / TP`` rows and
+  gathers the rows of its tokens (``size`` = tokens x h outputs, zeros for
+  tokens it does not own); a learned position table (``positions`` x h,
+  replicated) is added.  No FLOP but the addition; the weight gradient is a
+  scatter-add of the output gradient into the table.
+  """
+
+  def __init__(self, name, ctx, size, table, positions, **flags):
+    super().__init__(name, ctx, fw_flops=where(positions > 0, size, 0),
+                     wgrad_flops=size * where(positions > 0, 2, 1),
+                     inputs=size, outputs=size, activation=0,
+                     activation_grads=size, weights=table + positions,
+                     weight_grads=table + positions,
+                     optim=2 * (table + positions), **flags)
+
+  def fw_mem_bytes(self):
+    return (self.inputs + self.outputs) * self.bpe
+
+  def agrad_mem_bytes(self):
+    return 0.0
+
+  def wgrad_mem_bytes(self):
+    return 2 * self.activation_grads * self.bpe
+
+
+class CrossEntropy(Layer):
+  """Vocabulary-parallel softmax cross-entropy over ``size`` = tokens x
+  vocab / TP logits (Megatron-LM ``vocab_parallel_cross_entropy``): the
+  logits are turned into fp32 softmax in place and kept for the backward
+  pass.  FLOP per logit: 5 forward (max, subtract, exp, sum, divide), 2
+  backward (softmax minus the one-hot target, scaled).  The three TP
+  all-reduces of tokens-sized fp32 vectors (max, sum, target logit) are
+  negligible and not priced.
+  """
+
+  def __init__(self, name, ctx, size, **flags):
+    super().__init__(name, ctx, fw_flops=5 * size, agrad_flops=2 * size,
+                     inputs=size, outputs=size, activation=size,
+                     activation_grads=size, **flags)
+
+  def activation_bytes(self):
+    return self.activation * FP32_BYTES
+
+  def agrad_mem_bytes(self):
+    return self.inputs * FP32_BYTES + self.outputs * self.bpe

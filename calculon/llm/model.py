@@ -21,13 +21,16 @@ from functools import cached_property
 import numpy as np
 
 from calculon.config.execution import (
-  DATATYPE_BYTES, DATATYPE_NAMES, RECOMPUTE_FULL, TP_COMM_AR)
-from calculon.llm.block import BlockTotals, build_block
-from calculon.llm.layers import BlockContext
+  DATATYPE_BYTES, DATATYPE_NAMES, RECIPE_TE, RECOMPUTE_FULL, RECOMPUTE_NONE,
+  SHARD_GRADIENTS, SHARD_OPTIMIZER, SHARD_PARAMETERS, TP_COMM_AR, UNSET)
+from calculon.llm.block import (
+  BlockTotals, Shape, build_block, build_embedding, build_head)
+from calculon.llm.layers import BlockContext, FP32_BYTES
 from calculon.units import human_format
 
 _BYTES_TABLE = np.array([DATATYPE_BYTES[d] for d in DATATYPE_NAMES],
-                        dtype=np.int64)
+                        dtype=float)
+_BF16 = DATATYPE_NAMES.index('bfloat16')
 
 # Infeasibility reasons, in the order Calculon checks them.
 OK = 0
@@ -69,6 +72,11 @@ def _max(a, b):
   return np.where(b > a, b, a)
 
 
+_NO_VOCAB_MEMORY = {k: 0.0 for k in (
+  'weights', 'activations', 'weight_gradients', 'optimizer',
+  'activation_gradients')}
+
+
 class Evaluation:
   """All statistics of a set of executions of one application on one system.
 
@@ -107,13 +115,40 @@ class Evaluation:
         self.blocks_per_chunk, 1)
     self.baseblocks_per_chunk = self.blocks_per_chunk - 1
     self.edgeblocks_per_chunk = 1
-    self.optimizer_shards = np.where(e.optimizer_sharding, self.dp, 1)
-    self.ctx = BlockContext(system, e.datatype, self.bytes_per_element,
-                            self.optimizer_shards, self.tp, e.tensor_par_net,
-                            e.tensor_par_comm_type, e.tensor_par_overlap)
+    # Data parallelism: gradients are reduced and state sharded over the
+    # DP x CP ranks holding the same weights (Megatron-Core).
+    self.cp = e.context_par
+    self.dpcp = self.dp * self.cp
+    sharding = e.sharding
+    self.sharding = sharding
+    self.optimizer_shards = np.where(sharding >= SHARD_OPTIMIZER, self.dpcp, 1)
+    self.grad_shards = np.where(sharding >= SHARD_GRADIENTS, self.dpcp, 1)
+    self.fsdp = sharding == SHARD_PARAMETERS
+    self.weight_shards = np.where(self.fsdp, self.dpcp, 1)
+    # Precision: Transformer Engine runs the linear layers' GEMMs in the
+    # narrow datatype and everything else in bfloat16, keeping 16-bit
+    # weights plus a narrow copy and the narrow input of each linear layer
+    # (NVIDIA Transformer Engine, "Using FP8 with Transformer Engine";
+    # Micikevicius et al. 2022, "FP8 Formats for Deep Learning").
+    te = e.precision_recipe == RECIPE_TE
+    bpe = self.bytes_per_element
+    self.io_bytes = np.where(te, 2.0, bpe)
+    other_dtype = np.where(te, _BF16, e.datatype)
+    grad_set = e.gradient_datatype != UNSET
+    self.grad_bytes = np.where(grad_set, _BYTES_TABLE[
+      np.maximum(e.gradient_datatype, 0)], self.io_bytes)
+    self.ctx = BlockContext(
+      system, e.datatype, bpe, self.optimizer_shards, self.tp,
+      e.tensor_par_net, e.tensor_par_comm_type, e.tensor_par_overlap,
+      grad_shards=self.grad_shards, grad_bytes=self.grad_bytes,
+      grad_buffer_bytes=np.where(grad_set, self.grad_bytes, FP32_BYTES),
+      other_dtype=other_dtype, io_bytes=self.io_bytes,
+      linear_act_bytes=bpe, linear_weight_bytes=np.where(te, 2.0 + bpe, bpe),
+      other_weight_bytes=np.where(te, 2.0, bpe))
     self.pp_usage = nets.usage(e.pipeline_par_net)
     self.dp_usage = nets.usage(e.data_par_net)
-    self.batch_seq = e.microbatch_size * app.seq_size
+    self.shape = Shape(app, e, self.ctx)
+    self.batch_seq = e.microbatch_size * (app.seq_size // self.cp)
     self.activation_elems = self.batch_seq * app.hidden
     self.seq_par_activation_elems = (self.batch_seq // self.tp) * app.hidden
 
@@ -134,7 +169,7 @@ class Evaluation:
     """Activation checkpoint of one block: its input, kept with full
     recomputation when training (Chen et al. 2016)."""
     return np.where(self.training & self.full_recompute,
-                    self.activation_elems * self.bytes_per_element, 0)
+                    self.activation_elems * self.io_bytes, 0)
 
   # -- totals over the batch ----------------------------------------------------
   @cached_property
@@ -201,7 +236,7 @@ class Evaluation:
     with rs_ag/p2p_rs_ag)."""
     split = self.exe.tensor_par_comm_type != TP_COMM_AR
     size = np.where(split, self.seq_par_activation_elems,
-                    self.activation_elems) * self.bytes_per_element
+                    self.activation_elems) * self.io_bytes
     return np.where(self.pp > 1, size, 0)
 
   @cached_property
@@ -272,13 +307,25 @@ class Evaluation:
 
   # -- block times with exposed communication and offload ----------------------
   @cached_property
+  def _block_fw_extra_s(self):
+    """Exposed CP ring and FSDP traffic of a block's forward (0 without)."""
+    return self.block_cp_fw_exposed_s + self.block_fsdp_fw_exposed_s
+
+  @cached_property
+  def _block_bw_extra_s(self):
+    """Exposed CP ring and FSDP traffic of a block's backward."""
+    return np.where(self.training, self.block_cp_bw_exposed_s +
+                    self.block_fsdp_bw_exposed_s, 0)
+
+  @cached_property
   def baseblock_fw_time_no_offload_s(self):
-    return self.block.fw_time + self.block.base_fw_tp_exposed
+    return self.block.fw_time + self.block.base_fw_tp_exposed + \
+      self._block_fw_extra_s
 
   @cached_property
   def edgeblock_fw_time_no_offload_s(self):
     return self.block.fw_time + self.block.edge_fw_tp_exposed + \
-      self.chunk_fw_pp_time_s
+      self.chunk_fw_pp_time_s + self._block_fw_extra_s
 
   @cached_property
   def baseblock_fw_offload_overhead_s(self):
@@ -306,13 +353,14 @@ class Evaluation:
   def baseblock_bw_time_no_offload_s(self):
     b = self.block
     return b.re_time + b.base_recomm_exposed + b.agrad_time + b.wgrad_time + \
-      b.base_agrad_tp_exposed
+      b.base_agrad_tp_exposed + self._block_bw_extra_s
 
   @cached_property
   def edgeblock_bw_time_no_offload_s(self):
     b = self.block
     return b.re_time + b.edge_recomm_exposed + b.agrad_time + b.wgrad_time + \
-      b.edge_agrad_tp_exposed + self.chunk_bw_pp_time_s
+      b.edge_agrad_tp_exposed + self.chunk_bw_pp_time_s + \
+      self._block_bw_extra_s
 
   @cached_property
   def baseblock_bw_offload_overhead_s(self):
@@ -385,25 +433,150 @@ class Evaluation:
   # -- data parallelism -----------------------------------------------------------
   @cached_property
   def _dp_active(self):
-    return (self.dp > 1) & self.training
+    """Gradients are reduced at the end of the batch: training with more
+    than one DP x CP rank, weights not sharded (FSDP reduces per block)."""
+    return (self.dpcp > 1) & self.training & ~self.fsdp
+
+  @cached_property
+  def _sharded(self):
+    """Reduce-scatter + all-gather instead of all-reduce (ZeRO-1/2)."""
+    return (self.sharding == SHARD_OPTIMIZER) | \
+      (self.sharding == SHARD_GRADIENTS)
+
+  def _grad_reduce_bytes(self, totals):
+    """Bytes of gradients of ``totals`` (a BlockTotals) reduced over DP:
+    Calculon reduces them in the weights' datatype; with an explicit
+    ``gradient_datatype`` in that precision (Megatron-LM reduces fp32 main
+    gradients unless --grad-reduce-in-bf16)."""
+    return np.where(self.exe.gradient_datatype == UNSET, totals.weight_bytes,
+                    totals.weight_elems * self.grad_bytes)
+
+  def _dp_time_s(self, totals):
+    """End-of-batch DP communication of the weights of ``totals``:
+    reduce-scatter of the gradients + all-gather of the weights when
+    sharded (ZeRO-1/2; Rajbhandari et al. 2020, section 7.2), else an
+    all-reduce, over the DP x CP ranks on the DP tier."""
+    net, dp, tier = self.system.networks, self.dpcp, self.exe.data_par_net
+    reduce = self._grad_reduce_bytes(totals)
+    with np.errstate(divide='ignore', invalid='ignore'):
+      sharded = net.time_s('reduce_scatter', reduce, dp, tier) + \
+        net.time_s('all_gather', totals.weight_bytes, dp, tier)
+      plain = net.time_s('all_reduce', reduce, dp, tier)
+    return np.where(self._dp_active, np.where(self._sharded, sharded, plain),
+                    0)
 
   @cached_property
   def block_dp_bytes(self):
     """Gradients of one block reduced across DP (training, DP > 1)."""
-    return np.where(self._dp_active, self.block.weight_bytes, 0)
+    return np.where(self._dp_active, self._grad_reduce_bytes(self.block), 0)
 
   @cached_property
   def block_dp_time_s(self):
-    """DP communication of one block: reduce-scatter + all-gather with
-    optimizer sharding (ZeRO-1, Rajbhandari et al. 2020), else all-reduce."""
-    net, size, dp = self.system.networks, self.block_dp_bytes, self.dp
-    tier = self.exe.data_par_net
+    """DP communication of one block (see :meth:`_dp_time_s`)."""
+    return self._dp_time_s(self.block)
+
+  # -- FSDP / ZeRO-3 ------------------------------------------------------------
+  def _fsdp_times_s(self, totals):
+    """(all-gather, reduce-scatter) seconds of one FSDP unit (``totals``)
+    per microbatch: the 16-bit weights are gathered before its forward and
+    again before its backward, its gradients reduce-scattered after the
+    backward (PyTorch FSDP FULL_SHARD; Megatron-FSDP
+    ``optim_grads_params``), over the DP x CP ranks on the DP tier."""
+    net, dp, tier = self.system.networks, self.dpcp, self.exe.data_par_net
+    gather = totals.weight_elems * self.io_bytes
+    reduce = totals.weight_elems * self.grad_bytes
     with np.errstate(divide='ignore', invalid='ignore'):
-      sharded = net.time_s('reduce_scatter', size, dp, tier) + \
-        net.time_s('all_gather', size, dp, tier)
-      plain = net.time_s('all_reduce', size, dp, tier)
-    return np.where(self._dp_active,
-                    np.where(self.exe.optimizer_sharding, sharded, plain), 0)
+      ag = net.time_s('all_gather', gather, dp, tier)
+      rs = net.time_s('reduce_scatter', reduce, dp, tier)
+    on = self.fsdp & (self.dpcp > 1)
+    return np.where(on, ag, 0), np.where(on & self.training, rs, 0)
+
+  @cached_property
+  def block_fsdp_fw_s(self):
+    """FSDP traffic of one block's forward (all-gather)."""
+    return self._fsdp_times_s(self.block)[0]
+
+  @cached_property
+  def block_fsdp_bw_s(self):
+    """FSDP traffic of one block's backward (all-gather + reduce-scatter)."""
+    ag, rs = self._fsdp_times_s(self.block)
+    return np.where(self.training, ag + rs, 0)
+
+  @cached_property
+  def block_fsdp_fw_exposed_s(self):
+    """Forward FSDP traffic not hidden: the next block's all-gather is
+    prefetched during this block's forward (FSDP forward prefetch), so
+    only what exceeds the block's forward time shows."""
+    return _pos(self.block_fsdp_fw_s - self.block.fw_time)
+
+  @cached_property
+  def block_fsdp_bw_exposed_s(self):
+    """Backward FSDP traffic not hidden by the block's backward."""
+    b = self.block
+    return _pos(self.block_fsdp_bw_s - (b.agrad_time + b.wgrad_time))
+
+  @cached_property
+  def fsdp_comm_link_time_s(self):
+    """FSDP (ZeRO-3) communication on the link, whole batch."""
+    return self._mult * (self.block_fsdp_fw_s + self.block_fsdp_bw_s)
+
+  @cached_property
+  def fsdp_comm_exposed_time_s(self):
+    """FSDP communication not hidden behind compute, whole batch."""
+    return self._mult * (self.block_fsdp_fw_exposed_s +
+                         self.block_fsdp_bw_exposed_s)
+
+  # -- context parallelism ---------------------------------------------------------
+  @cached_property
+  def block_cp_bytes(self):
+    """Bytes of one forward ring step of context parallelism: the local K
+    and V chunk sent to the next CP rank (Megatron-Core CP with
+    TransformerEngine ``AttnFuncWithCPAndKVP2P``: cp - 1 steps per layer in
+    forward; the backward ring carries K, V and their gradients, twice the
+    bytes)."""
+    e = self.exe
+    kv = 2 * e.microbatch_size * self.shape.seq * self.shape.kv_local
+    return np.where(self.cp > 1, kv * self.io_bytes, 0)
+
+  @cached_property
+  def _cp_step_s(self):
+    net, tier = self.system.networks, self.exe.context_par_net
+    fw = net.time_s('p2p', self.block_cp_bytes, 2, tier)
+    bw = net.time_s('p2p', 2 * self.block_cp_bytes, 2, tier)
+    on = self.cp > 1
+    return np.where(on, fw, 0), np.where(on & self.training, bw, 0)
+
+  @cached_property
+  def block_cp_fw_exposed_s(self):
+    """Forward ring time not hidden: each of the cp - 1 transfers overlaps
+    one attention step (1 / cp of the attention core's forward)."""
+    fw, _ = self._cp_step_s
+    steps = self.cp - 1
+    return steps * _pos(fw - self.block.core_fw_time / self.cp)
+
+  @cached_property
+  def block_cp_bw_exposed_s(self):
+    """Backward ring time not hidden by the attention core's backward (and
+    the forward ring again when the attention core is recomputed)."""
+    fw, bw = self._cp_step_s
+    steps = self.cp - 1
+    b = self.block
+    exposed = steps * _pos(bw - b.core_bw_time / self.cp)
+    redo = self.exe.activation_recompute != RECOMPUTE_NONE
+    return exposed + np.where(redo & self.training,
+                              self.block_cp_fw_exposed_s, 0)
+
+  @cached_property
+  def cp_comm_link_time_s(self):
+    """Context-parallel ring communication on the link, whole batch."""
+    fw, bw = self._cp_step_s
+    return self._mult * (self.cp - 1) * (fw + bw)
+
+  @cached_property
+  def cp_comm_exposed_time_s(self):
+    """Context-parallel ring communication not hidden, whole batch."""
+    return self._mult * (self.block_cp_fw_exposed_s +
+                         self.block_cp_bw_exposed_s)
 
   @cached_property
   def _dp_overlap(self):
@@ -417,7 +590,7 @@ class Evaluation:
     """
     e, b = self.exe, self.block
     pp, bpc, usage = self.pp, self.blocks_per_chunk, self.dp_usage
-    sharded = e.optimizer_sharding
+    sharded = self._sharded
     optim_overlap = b.optim_time - b.optim_mem_time
     # Calculon's recompute terms (running totals, see BlockTotals).
     bw_mem = b.agrad_mem_time + b.wgrad_mem_time + b.dp_window_re_mem_time
@@ -516,7 +689,15 @@ class Evaluation:
   # -- memory per processor -------------------------------------------------------
   @cached_property
   def weight_bytes(self):
-    return self.block.weight_bytes * self.blocks_per_proc
+    """Weights of the processor's blocks.  Sharded over DP x CP with FSDP,
+    which also keeps the gathered weights of the block being computed and
+    of the prefetched next one (PyTorch FSDP FULL_SHARD with forward
+    prefetch)."""
+    plain = self.block.weight_bytes * self.blocks_per_proc
+    if not np.any(self.fsdp):
+      return plain
+    working = np.minimum(2, self.blocks_per_proc) * self.block.weight_bytes
+    return np.where(self.fsdp, plain / self.weight_shards + working, plain)
 
   @cached_property
   def _inflight_factor(self):
@@ -529,22 +710,39 @@ class Evaluation:
       1 + (self.pp - 1) / (self.interleaving * self.pp)), mb)
 
   @cached_property
+  def _last_stage_inflight_factor(self):
+    """Microbatches (in units of the processor's blocks) whose activations
+    the last pipeline stage keeps: one with 1F1B; with v model chunks its
+    warm-up holds (v - 1) PP + 1 chunk-microbatches (Megatron-LM
+    ``forward_backward_pipelining_with_interleaving``), i.e.
+    ((v - 1) PP + 1) / v processor-blocks' worth."""
+    v = self.interleaving
+    f = ((v - 1) * self.pp + 1) / v
+    return np.where(self.pp > 1, np.minimum(f, self.num_microbatches),
+                    self._inflight_factor)
+
+  def _act_bytes_for(self, inflight):
+    b = self.block
+    kept = b.act_working_bytes + b.act_storage_bytes * (
+      self.blocks_per_proc * inflight - 1)
+    return np.where(self.training & ~self.full_recompute, kept,
+                    b.act_working_bytes)
+
+  def _checkpoint_bytes_for(self, inflight):
+    ckpt = self.blocks_per_proc * self.block_act_checkpoint_bytes
+    return np.where(self.training & self.full_recompute, ckpt * inflight, 0)
+
+  @cached_property
   def act_bytes(self):
     """Activations kept: one working block plus the stored activations of all
     blocks in flight (only the working block with full recomputation or in
     inference)."""
-    b = self.block
-    kept = b.act_working_bytes + b.act_storage_bytes * (
-      self.blocks_per_proc * self._inflight_factor - 1)
-    return np.where(self.training & ~self.full_recompute, kept,
-                    b.act_working_bytes)
+    return self._act_bytes_for(self._inflight_factor)
 
   @cached_property
   def act_checkpoint_bytes(self):
     """Block-input checkpoints of all blocks in flight (full recompute)."""
-    ckpt = self.blocks_per_proc * self.block_act_checkpoint_bytes
-    return np.where(self.training & self.full_recompute,
-                    ckpt * self._inflight_factor, 0)
+    return self._checkpoint_bytes_for(self._inflight_factor)
 
   @cached_property
   def act_grad_bytes(self):
@@ -553,8 +751,9 @@ class Evaluation:
 
   @cached_property
   def weight_grad_bytes(self):
-    """One unsharded fp32 copy for the block being computed plus sharded
-    gradients of the other blocks."""
+    """One unsharded copy (Calculon: fp32) for the block being computed
+    plus the gradients of the other blocks, sharded per the sharding
+    level."""
     b = self.block
     grads = np.where(self.blocks_per_proc == 1,
                      b.weight_grad_unsharded_bytes,
@@ -595,42 +794,36 @@ class Evaluation:
   def optimizer_bytes_min(self):
     return np.where(self.training, self.block.optimizer_bytes * 2, 0)
 
-  @cached_property
-  def memory_by_kind(self):
-    """Where each kind of memory lives: {kind: (tier-1 bytes, tier-2
-    bytes)} for 'weights', 'activations', 'checkpoints',
-    'weight_gradients', 'optimizer', 'activation_gradients'.
-
-    An offloaded kind keeps its double-buffered working set in tier 1 (the
-    "min" sizes) and all of it in tier 2; activation gradients stay in tier 1.
-    (Calculon, memory model; the sums are :attr:`mem1_bytes` and
-    :attr:`mem2_bytes`.)
-    """
+  def _kinds(self, act, ckpt, vocab):
+    """{kind: (tier-1 bytes, tier-2 bytes)} of a pipeline stage whose
+    blocks keep ``act`` activations and ``ckpt`` checkpoints, plus the
+    embedding / LM head parts ``vocab`` (a dict by kind, tier 1 only)."""
     e = self.exe
     wo, ao, oo = e.weight_offload, e.activations_offload, e.optimizer_offload
     full = self.full_recompute
     return {
-      'weights': (np.where(wo, self.weight_bytes_min, self.weight_bytes),
-                  np.where(wo, self.weight_bytes, 0)),
-      'activations': (np.where(ao, self.act_bytes_min, self.act_bytes),
-                      np.where(ao & ~full, self.act_bytes, 0)),
+      'weights': (np.where(wo, self.weight_bytes_min, self.weight_bytes) +
+                  vocab['weights'], np.where(wo, self.weight_bytes, 0)),
+      'activations': (np.where(ao, self.act_bytes_min, act) +
+                      vocab['activations'], np.where(ao & ~full, act, 0)),
       'checkpoints': (np.where(ao, np.where(full, self.act_checkpoint_bytes_min,
-                                            0), self.act_checkpoint_bytes),
-                      np.where(ao & full, self.act_checkpoint_bytes, 0)),
+                                            0), ckpt),
+                      np.where(ao & full, ckpt, 0)),
       'weight_gradients': (np.where(oo, self.weight_grad_bytes_min,
-                                    self.weight_grad_bytes),
+                                    self.weight_grad_bytes) +
+                           vocab['weight_gradients'],
                            np.where(oo, self.block.weight_grad_bytes *
                                     self.blocks_per_proc, 0)),
       'optimizer': (np.where(oo, self.optimizer_bytes_min,
-                             self.optimizer_bytes),
+                             self.optimizer_bytes) + vocab['optimizer'],
                     np.where(oo, self.optimizer_bytes, 0)),
-      'activation_gradients': (self.act_grad_bytes, 0),
+      'activation_gradients': (np.maximum(self.act_grad_bytes,
+                                          vocab['activation_gradients']), 0),
     }
 
-  @cached_property
-  def _mem_reqs(self):
-    # Summed in Calculon's order and grouping (bit-identical totals).
-    kinds = self.memory_by_kind
+  def _tiers(self, kinds):
+    """(tier-1, tier-2) bytes of ``kinds``, summed in Calculon's order and
+    grouping (bit-identical totals)."""
     oo = self.exe.optimizer_offload
     w, a, c = kinds['weights'], kinds['activations'], kinds['checkpoints']
     g, o = kinds['weight_gradients'], kinds['optimizer']
@@ -646,8 +839,74 @@ class Evaluation:
     return t1, t2
 
   @cached_property
+  def first_stage_memory_by_kind(self):
+    """Memory kinds of the first pipeline stage (Calculon's processor 0;
+    with a vocabulary it also holds the embedding, and the LM head when
+    PP = 1)."""
+    return self._kinds(self.act_bytes, self.act_checkpoint_bytes,
+                       self.vocab_memory_first)
+
+  @cached_property
+  def last_stage_memory_by_kind(self):
+    """Memory kinds of the last pipeline stage (fewer microbatches in
+    flight; the LM head and its logits)."""
+    f = self._last_stage_inflight_factor
+    return self._kinds(self._act_bytes_for(f), self._checkpoint_bytes_for(f),
+                       self.vocab_memory_last)
+
+  @cached_property
+  def first_stage_mem1_bytes(self):
+    """Memory tier 1 needed by a first-stage processor."""
+    return self._tiers(self.first_stage_memory_by_kind)[0]
+
+  @cached_property
+  def last_stage_mem1_bytes(self):
+    """Memory tier 1 needed by a last-stage processor (= first with PP 1)."""
+    return np.where(self.pp > 1,
+                    self._tiers(self.last_stage_memory_by_kind)[0],
+                    self.first_stage_mem1_bytes)
+
+  @cached_property
+  def _last_binds(self):
+    """The last stage needs more tier-1 memory than the first.  Without a
+    vocabulary it never does (same blocks, fewer microbatches in flight),
+    so it is not computed."""
+    if not self.app.has_vocab:
+      return False
+    return self.last_stage_mem1_bytes > self.first_stage_mem1_bytes
+
+  @cached_property
+  def memory_by_kind(self):
+    """Where each kind of memory lives on the most loaded pipeline stage:
+    {kind: (tier-1 bytes, tier-2 bytes)} for 'weights', 'activations',
+    'checkpoints', 'weight_gradients', 'optimizer', 'activation_gradients'.
+
+    An offloaded kind keeps its double-buffered working set in tier 1 (the
+    "min" sizes) and all of it in tier 2; activation gradients stay in tier 1.
+    (Calculon, memory model; the sums are :attr:`mem1_bytes` and
+    :attr:`mem2_bytes`.)
+    """
+    first = self.first_stage_memory_by_kind
+    if not np.any(self._last_binds):
+      return first
+    last = self.last_stage_memory_by_kind
+    lb = self._last_binds
+    return {k: (np.where(lb, last[k][0], first[k][0]),
+                np.where(lb, last[k][1], first[k][1])) for k in first}
+
+  @cached_property
+  def _mem_reqs(self):
+    first = self._tiers(self.first_stage_memory_by_kind)
+    if not self.app.has_vocab:
+      return first
+    t1 = np.where(self._last_binds, self.last_stage_mem1_bytes, first[0])
+    return t1, first[1]
+
+  @cached_property
   def mem1_bytes(self):
-    """Memory tier 1 (HBM) needed per processor."""
+    """Memory tier 1 (HBM) needed per processor: the most loaded pipeline
+    stage (Calculon: processor 0, which keeps the most microbatches in
+    flight)."""
     return self._mem_reqs[0]
 
   @cached_property
@@ -697,16 +956,174 @@ class Evaluation:
       bw = self.bw_offload_bytes / self._bw_offload_window_s
     return np.where(self.training, _max(fw, bw), fw)
 
+  # -- embedding, LM head and loss (first and last pipeline stages) ------------
+  @cached_property
+  def embed_layers(self):
+    """Layers of the input embedding (see :func:`build_embedding`)."""
+    return build_embedding(self.app, self.exe, self.ctx)
+
+  @cached_property
+  def head_layers(self):
+    """Layers of the LM head and loss (see :func:`build_head`).  With tied
+    embeddings and PP = 1 the head uses the embedding's weights; with PP > 1
+    the last stage keeps its own copy (Megatron-LM's embedding group)."""
+    holds = True
+    if self.app.tied_embeddings:
+      holds = self.pp > 1
+    return build_head(self.app, self.exe, self.ctx, holds)
+
+  @cached_property
+  def embed(self):
+    """Per-microbatch totals of the embedding (:class:`BlockTotals`)."""
+    with np.errstate(divide='ignore', invalid='ignore'):
+      return BlockTotals(self.embed_layers, self.training, False)
+
+  @cached_property
+  def head(self):
+    """Per-microbatch totals of the LM head and loss."""
+    with np.errstate(divide='ignore', invalid='ignore'):
+      return BlockTotals(self.head_layers, self.training, False)
+
+  def _stage_time_s(self, t):
+    """Forward and backward seconds of one microbatch through ``t``."""
+    fw = t.fw_time + t.base_fw_tp_exposed
+    bw = t.agrad_time + t.wgrad_time + t.base_agrad_tp_exposed
+    return fw + np.where(self.training, bw, 0)
+
+  @cached_property
+  def embedding_time_s(self):
+    """Embedding forward + backward over the batch (first stage)."""
+    return self.num_microbatches * self._stage_time_s(self.embed)
+
+  @cached_property
+  def lm_head_time_s(self):
+    """LM head and loss forward + backward over the batch (last stage)."""
+    return self.num_microbatches * self._stage_time_s(self.head)
+
+  @cached_property
+  def vocab_time_s(self):
+    """What the embedding, LM head and loss add to the batch time.
+
+    Pipeline stages hold blocks / PP blocks each (Megatron-LM's default,
+    without --account-for-embedding-in-pipeline-split); the embedding runs
+    on the first stage, the head and loss on the last.  With PP = 1 every
+    microbatch runs both.  With PP > 1 the 1F1B steady state runs at the
+    pace of the slower of the two stages, so each microbatch but one adds
+    the larger extra, and the first and the last microbatch cross both
+    ends: (nmb - 1) max(E, H) + E + H per batch, E and H the forward +
+    backward seconds of one microbatch.
+    """
+    e = self._stage_time_s(self.embed)
+    h = self._stage_time_s(self.head)
+    nmb = self.num_microbatches
+    return np.where(self.pp > 1, (nmb - 1) * np.maximum(e, h) + e + h,
+                    nmb * (e + h))
+
+  @cached_property
+  def vocab_optim_time_s(self):
+    """Optimizer step of the embedding and LM head weights (the slower of
+    the first and last stage; both with PP = 1)."""
+    e, h = self.embed.optim_time, self.head.optim_time
+    return np.where(self.training, np.where(self.pp > 1, np.maximum(e, h),
+                                            e + h), 0)
+
+  def _vocab_dp_s(self, t):
+    """Data-parallel communication of the weights of ``t`` per batch:
+    the end-of-batch reduction (:meth:`_dp_time_s`), or with FSDP its
+    gathers and reduce-scatter every microbatch.  Not overlapped: the
+    embedding's gradients are the last the first stage produces."""
+    ag, rs = self._fsdp_times_s(t)
+    fsdp = self.num_microbatches * (2 * ag + rs)
+    return np.where(self.fsdp, fsdp, self._dp_time_s(t))
+
+  @cached_property
+  def vocab_dp_time_s(self):
+    """DP communication of the embedding and LM head weights, plus with
+    tied embeddings and PP > 1 the all-reduce of the embedding gradients
+    between the first and last stage (Megatron-LM's embedding group, on the
+    PP tier)."""
+    if not self.app.has_vocab:
+      return 0.0
+    e, h = self._vocab_dp_s(self.embed), self._vocab_dp_s(self.head)
+    tie = 0.0
+    if self.app.tied_embeddings:
+      size = self.embed.weight_elems * self.grad_bytes
+      tie = np.where((self.pp > 1) & self.training, self.system.networks.time_s(
+        'all_reduce', size, 2, self.exe.pipeline_par_net), 0)
+    return np.where(self.pp > 1, np.maximum(e, h) + tie, e + h)
+
+  @cached_property
+  def vocab_extra_time_s(self):
+    """Everything the embedding, LM head and loss add to the batch time."""
+    return self.vocab_time_s + self.vocab_optim_time_s + self.vocab_dp_time_s
+
+  def _vocab_memory(self, t, activations):
+    """Tier-1 bytes by kind of the weights in ``t`` (sharded per the
+    sharding level) and the given activations."""
+    train = self.training
+    return {
+      'weights': t.weight_bytes / self.weight_shards,
+      'activations': activations,
+      'weight_gradients': np.where(train, t.weight_grad_bytes, 0),
+      'optimizer': np.where(train, t.optimizer_bytes, 0),
+      'activation_gradients': np.where(train, t.act_grad_bytes, 0),
+    }
+
+  @cached_property
+  def _head_activation_bytes(self):
+    """The LM head's working set and what it keeps for the backward pass
+    (the fp32 softmax of the logits): one microbatch in flight."""
+    h = self.head
+    return h.act_working_bytes + np.where(self.training, h.act_storage_bytes,
+                                          0)
+
+  @cached_property
+  def vocab_memory_last(self):
+    """Tier-1 bytes by kind of the LM head on the last stage."""
+    if not self.app.has_vocab:
+      return _NO_VOCAB_MEMORY
+    return self._vocab_memory(self.head, self._head_activation_bytes)
+
+  @cached_property
+  def vocab_memory_first(self):
+    """Tier-1 bytes by kind of the embedding on the first stage (and of the
+    LM head too when PP = 1)."""
+    if not self.app.has_vocab:
+      return _NO_VOCAB_MEMORY
+    e = self._vocab_memory(self.embed, 0.0)
+    h = self.vocab_memory_last
+    single = self.pp == 1
+    out = {k: e[k] + np.where(single, h[k], 0) for k in e}
+    out['activation_gradients'] = np.where(
+      single, np.maximum(e['activation_gradients'],
+                         h['activation_gradients']),
+      e['activation_gradients'])
+    return out
+
   # -- totals ---------------------------------------------------------------------
   @cached_property
   def total_time_s(self):
     """Time of one batch: compute, exposed offload, recomputation, exposed
     redone TP communication, bubble, exposed TP/PP/DP communication."""
-    return (self.fw_time_s + self.bw_time_s + self.optim_step_time_s +
-            self.fw_offload_exposed_time_s + self.bw_offload_exposed_time_s +
-            self.recompute_time_s + self.recomm_exposed_time_s +
-            self.bubble_time_s + self.tp_comm_exposed_time_s +
-            self.pp_comm_exposed_time_s + self.dp_comm_exposed_time_s)
+    total = (self.fw_time_s + self.bw_time_s + self.optim_step_time_s +
+             self.fw_offload_exposed_time_s + self.bw_offload_exposed_time_s +
+             self.recompute_time_s + self.recomm_exposed_time_s +
+             self.bubble_time_s + self.tp_comm_exposed_time_s +
+             self.pp_comm_exposed_time_s + self.dp_comm_exposed_time_s)
+    return total + self.modern_time_s
+
+  @cached_property
+  def modern_time_s(self):
+    """Time beyond Calculon's terms: exposed CP ring and FSDP traffic, and
+    the embedding, LM head and loss (0 for Calculon's executions)."""
+    extra = 0.0
+    if np.any(self.cp > 1):
+      extra = extra + self.cp_comm_exposed_time_s
+    if np.any(self.fsdp):
+      extra = extra + self.fsdp_comm_exposed_time_s
+    if self.app.has_vocab:
+      extra = extra + self.vocab_extra_time_s
+    return extra
 
   @cached_property
   def sample_rate(self):
@@ -809,7 +1226,8 @@ class Evaluation:
     shape = np.broadcast_shapes(np.shape(self.tp), np.shape(self.pp),
                                 np.shape(self.dp), np.shape(e.tensor_par_net),
                                 np.shape(e.pipeline_par_net),
-                                np.shape(e.data_par_net))
+                                np.shape(e.data_par_net), np.shape(self.cp),
+                                np.shape(e.context_par_net))
     reason = np.zeros(shape, dtype=np.int64)
     tier_of = np.zeros(shape, dtype=np.int64)
     for tier in range(len(nets) - 1, -1, -1):
@@ -817,7 +1235,8 @@ class Evaluation:
       used = False
       for degree, net in ((self.tp, e.tensor_par_net),
                           (self.pp, e.pipeline_par_net),
-                          (self.dp, e.data_par_net)):
+                          (self.dp, e.data_par_net),
+                          (self.cp, e.context_par_net)):
         on = (degree > 1) & (net == tier)
         size = size * np.where(on, degree, 1)
         used = used | on
@@ -874,7 +1293,8 @@ class Evaluation:
       for label, degree, chosen in (
           ('TP', self.tp, self.exe.tensor_par_net),
           ('PP', self.pp, self.exe.pipeline_par_net),
-          ('DP', self.dp, self.exe.data_par_net)):
+          ('DP', self.dp, self.exe.data_par_net),
+          ('CP', self.cp, self.exe.context_par_net)):
         d, c = int(at(degree)), int(at(chosen))
         if d > 1 and c == tier:
           used.append(f'{label}={d}')
