@@ -155,6 +155,28 @@ class Reader:
       source=self.source, field=self._where(name), value=value,
       allowed=allowed)
 
+  #: Descriptive fields any file may carry (ignored by the model).
+  META_FIELDS = ('name', 'source', 'notes')
+
+  def meta(self):
+    """Reads the descriptive fields (:data:`META_FIELDS`: a string or a list
+    of strings each) and returns them as a dict.
+
+    Raises:
+      ConfigError: a descriptive field is neither.
+    """
+    out = {}
+    for name in self.META_FIELDS:
+      if name not in self.obj:
+        continue
+      self._used.add(name)
+      value = self.obj[name]
+      if not (isinstance(value, str) or (
+          isinstance(value, list) and all(isinstance(v, str) for v in value))):
+        self.fail(name, value, 'a string or a list of strings')
+      out[name] = value
+    return out
+
   def finish(self):
     """Rejects fields that were never read (typos, unsupported options).
 

@@ -25,6 +25,21 @@ field                  meaning                                    absent
                        and MLP read the same normalized input)
 ``dropout``            dropout layers (masks kept for backward)   ``true``
 =====================  =========================================  ==========
+
+Mixture-of-Experts (absent: dense): ``num_experts`` routed experts E,
+``top_k`` experts per token k, ``moe_ffn_hidden`` each expert's MLP width
+(experts use ``mlp``), ``shared_experts`` always-on experts and
+``shared_expert_ffn_hidden`` their width (default ``moe_ffn_hidden``),
+``first_dense_blocks`` (the first blocks keep a dense MLP of width
+``feedforward``, DeepSeek-V3) and ``moe_layer_freq`` (every k-th block is
+MoE, Megatron-LM's --moe-layer-freq), ``capacity_factor`` (token dropping:
+each expert takes at most ceil(tokens x k / E x factor) tokens, padded to
+that).
+
+Multi-head latent attention (DeepSeek-V2/V3; absent: GQA/MHA):
+``q_lora_rank`` (null: no query compression), ``kv_lora_rank``,
+``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``; ``attn_size``
+must then be ``qk_nope_head_dim + qk_rope_head_dim``.
 """
 
 from collections import OrderedDict
@@ -57,7 +72,26 @@ OPTIONAL = OrderedDict([
   ('position_embedding', (Spec('str', choices=POSITION_NAMES), None)),
   ('block_layout', (Spec('str', choices=LAYOUT_NAMES), 'sequential')),
   ('dropout', (Spec('bool'), True)),
+  ('num_experts', (Spec('int', lo=1), None)),
+  ('top_k', (Spec('int', lo=1), None)),
+  ('moe_ffn_hidden', (Spec('int', lo=1), None)),
+  ('shared_experts', (Spec('int', lo=0), 0)),
+  ('shared_expert_ffn_hidden', (Spec('int', lo=1), None)),
+  ('first_dense_blocks', (Spec('int', lo=0), 0)),
+  ('moe_layer_freq', (Spec('int', lo=1), 1)),
+  ('capacity_factor', (Spec('number', lo=0, lo_open=True), None)),
+  ('q_lora_rank', (Spec('int', lo=1), None)),
+  ('kv_lora_rank', (Spec('int', lo=1), None)),
+  ('qk_nope_head_dim', (Spec('int', lo=1), None)),
+  ('qk_rope_head_dim', (Spec('int', lo=1), None)),
+  ('v_head_dim', (Spec('int', lo=1), None)),
 ])
+
+MOE_FIELDS = ('top_k', 'moe_ffn_hidden', 'shared_experts',
+              'shared_expert_ffn_hidden', 'first_dense_blocks',
+              'moe_layer_freq', 'capacity_factor')
+MLA_FIELDS = ('kv_lora_rank', 'qk_nope_head_dim', 'qk_rope_head_dim',
+              'v_head_dim')
 
 
 @dataclass(frozen=True)
@@ -95,6 +129,19 @@ class Application:
   position_embedding: object = None
   block_layout: str = 'sequential'
   dropout: bool = True
+  num_experts: object = None
+  top_k: object = None
+  moe_ffn_hidden: object = None
+  shared_experts: int = 0
+  shared_expert_ffn_hidden: object = None
+  first_dense_blocks: int = 0
+  moe_layer_freq: int = 1
+  capacity_factor: object = None
+  q_lora_rank: object = None
+  kv_lora_rank: object = None
+  qk_nope_head_dim: object = None
+  qk_rope_head_dim: object = None
+  v_head_dim: object = None
 
   FIELDS = ('hidden', 'feedforward', 'seq_size', 'attn_heads', 'attn_size',
             'num_blocks')
@@ -111,6 +158,7 @@ class Application:
     for name, (spec, default) in OPTIONAL.items():
       if name in cfg:
         values[name] = reader.get(name, spec)
+    reader.meta()
     reader.finish()
     app = cls(**values)
     app._check(source)
@@ -131,6 +179,40 @@ class Application:
       if self.position_embedding is not None:
         fail('position_embedding', 'it needs vocab_size (position '
              'embeddings belong to the embedding stage)')
+    if self.num_experts is None:
+      for name in MOE_FIELDS:
+        if getattr(self, name) != OPTIONAL[name][1]:
+          fail(name, 'it needs num_experts (a Mixture-of-Experts field)')
+    else:
+      for name in ('top_k', 'moe_ffn_hidden'):
+        if getattr(self, name) is None:
+          raise ConfigError(
+            f"{source}: missing field '{name}' (an integer >= 1): a "
+            'Mixture-of-Experts application (num_experts is set) needs it',
+            source=source, field=name, allowed='an integer >= 1')
+      if self.top_k > self.num_experts:
+        fail('top_k', f'it must be <= num_experts ({self.num_experts})')
+      if self.first_dense_blocks >= self.num_blocks:
+        fail('first_dense_blocks', f'it must be < num_blocks '
+             f'({self.num_blocks}) so that some block is MoE')
+      if self.shared_experts == 0 and self.shared_expert_ffn_hidden:
+        fail('shared_expert_ffn_hidden', 'it needs shared_experts >= 1')
+    mla = [getattr(self, n) is not None for n in MLA_FIELDS]
+    if any(mla) or self.q_lora_rank is not None:
+      for name, there in zip(MLA_FIELDS, mla):
+        if not there:
+          raise ConfigError(
+            f"{source}: missing field '{name}' (an integer >= 1): "
+            'multi-head latent attention needs kv_lora_rank, '
+            'qk_nope_head_dim, qk_rope_head_dim and v_head_dim',
+            source=source, field=name, allowed='an integer >= 1')
+      if self.kv_heads is not None:
+        fail('kv_heads', 'it does not apply to multi-head latent attention '
+             '(leave it out)')
+      want = self.qk_nope_head_dim + self.qk_rope_head_dim
+      if self.attn_size != want:
+        fail('attn_size', f'with multi-head latent attention it must be '
+             f'qk_nope_head_dim + qk_rope_head_dim = {want}')
 
   def to_dict(self):
     """The JSON object of this application (optional fields only when they
@@ -164,6 +246,36 @@ class Application:
     return self.position_embedding or 'learned'
 
   @property
+  def is_moe(self):
+    return self.num_experts is not None
+
+  @property
+  def is_mla(self):
+    return self.kv_lora_rank is not None
+
+  @property
+  def shared_ffn(self):
+    """Total width of the shared experts (0 without)."""
+    if not self.is_moe or not self.shared_experts:
+      return 0
+    return self.shared_experts * (self.shared_expert_ffn_hidden or
+                                  self.moe_ffn_hidden)
+
+  @property
+  def num_moe_blocks(self):
+    """Blocks whose MLP is MoE: after ``first_dense_blocks``, every
+    ``moe_layer_freq``-th block (Megatron-LM ``--moe-layer-freq k``: block i
+    is MoE when i % k == 0, counted from the first block)."""
+    if not self.is_moe:
+      return 0
+    return sum(1 for i in range(self.first_dense_blocks, self.num_blocks)
+               if i % self.moe_layer_freq == 0)
+
+  @property
+  def num_dense_blocks(self):
+    return self.num_blocks - self.num_moe_blocks
+
+  @property
   def query_width(self):
     """q = a * d: width of the query (and attention output) projection."""
     return self.attn_heads * self.attn_size
@@ -179,6 +291,53 @@ class Application:
   def _norm_params(self):
     return (1 if self.norm == 'rmsnorm' else 2) * self.hidden
 
+  def _attention_parameters(self, kv_heads=None):
+    """Attention weights (and biases) of one block."""
+    h, d = self.hidden, self.attn_size
+    q = self.query_width
+    if self.is_mla:
+      # Megatron-LM theoretical_memory_usage.py (MLA branch); the LoRA
+      # norms are RMSNorm scales.
+      a, dn, dr, dv = (self.attn_heads, self.qk_nope_head_dim,
+                       self.qk_rope_head_dim, self.v_head_dim)
+      n = 1 if self.norm == 'rmsnorm' else 2
+      if self.q_lora_rank is not None:
+        attn = self.q_lora_rank * (h + a * (dn + dr) + n)
+      else:
+        attn = h * a * (dn + dr)
+      attn += self.kv_lora_rank * (h + a * (dn + dv) + n) + h * dr
+      attn += a * dv * h
+      return attn
+    g = self.kv_heads_for() if kv_heads is None else kv_heads
+    kv = g * d
+    attn = 2 * h * q + 2 * h * kv
+    if self.linear_bias in ('all', 'qkv'):
+      attn += q + 2 * kv
+    if self.linear_bias == 'all':
+      attn += h
+    return attn
+
+  def _mlp_parameters(self, width):
+    """Weights (and biases) of one MLP (or expert) of inner ``width``."""
+    h = self.hidden
+    mlp = (3 if self.gated else 2) * h * width
+    if self.linear_bias == 'all':
+      mlp += (2 if self.gated else 1) * width + h
+    return mlp
+
+  def moe_parameter_breakdown(self, active=False):
+    """Parameters of one MoE block's MLP part (elements): 'router' (h x E),
+    'experts' (E routed experts, or the k a token uses when ``active``),
+    'shared_experts'.  Formulas: Megatron-LM theoretical_memory_usage.py
+    (routed, shared and router parameters)."""
+    experts = self.top_k if active else self.num_experts
+    return OrderedDict([
+      ('router', self.hidden * self.num_experts),
+      ('experts', experts * self._mlp_parameters(self.moe_ffn_hidden)),
+      ('shared_experts', self.shared_experts * self._mlp_parameters(
+        self.shared_expert_ffn_hidden or self.moe_ffn_hidden)
+       if self.shared_experts else 0)])
+
   def block_parameter_breakdown(self, kv_heads=None):
     """Parameters of one block by part (elements), an ordered dict with
     keys 'attention', 'mlp', 'norms'.
@@ -190,18 +349,8 @@ class Application:
     has a scale and a bias (2h), an RMSNorm a scale (h); two norms per
     block.
     """
-    h, f, d = self.hidden, self.feedforward, self.attn_size
-    q = self.query_width
-    g = self.kv_heads_for() if kv_heads is None else kv_heads
-    kv = g * d
-    attn = 2 * h * q + 2 * h * kv
-    mlp = (3 if self.gated else 2) * h * f
-    if self.linear_bias in ('all', 'qkv'):
-      attn += q + 2 * kv
-    if self.linear_bias == 'all':
-      attn += h
-      mlp += (2 if self.gated else 1) * f + h
-    return OrderedDict([('attention', attn), ('mlp', mlp),
+    return OrderedDict([('attention', self._attention_parameters(kv_heads)),
+                        ('mlp', self._mlp_parameters(self.feedforward)),
                         ('norms', 2 * self._norm_params())])
 
   def block_parameters(self):
@@ -209,11 +358,13 @@ class Application:
     and MLP weights, their biases and two norms."""
     return sum(self.block_parameter_breakdown().values())
 
-  def parameter_breakdown(self):
+  def parameter_breakdown(self, active=False):
     """Every trainable parameter by part (elements), an ordered dict:
     'embedding' (token table, plus the learned position table), 'attention',
-    'mlp', 'norms' (the blocks' and the final norm), 'lm_head' (0 when tied
-    to the embedding).
+    'mlp' (dense blocks' MLPs), 'router', 'experts', 'shared_experts' (MoE
+    blocks; only with experts), 'norms' (the blocks' and the final norm),
+    'lm_head' (0 when tied to the embedding).  ``active``: the parameters a
+    token uses (top_k routed experts instead of all).
 
     Without a vocabulary (Calculon's application) the embedding is
     Calculon's: V = 51,200 plus learned positions (Narayanan et al. 2021,
@@ -228,12 +379,20 @@ class Application:
     else:
       out['embedding'] = (EMBEDDING_VOCAB + self.seq_size) * h
     out['attention'] = block['attention'] * L
-    out['mlp'] = block['mlp'] * L
+    out['mlp'] = block['mlp'] * self.num_dense_blocks
+    if self.is_moe:
+      for part, n in self.moe_parameter_breakdown(active).items():
+        out[part] = n * self.num_moe_blocks
     out['norms'] = block['norms'] * L + (self._norm_params()
                                          if self.has_vocab else 0)
     out['lm_head'] = self.vocab_size * h if (
       self.has_vocab and not self.tied_embeddings) else 0
     return out
+
+  def num_active_parameters(self):
+    """Parameters a token uses (MoE: top_k of the routed experts); equal
+    to :meth:`num_parameters` for dense models."""
+    return sum(self.parameter_breakdown(active=True).values())
 
   def num_parameters(self):
     """Number of trainable parameters (elements).

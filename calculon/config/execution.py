@@ -203,6 +203,7 @@ class Execution:
       values[name] = reader.get(name, spec)
     for name, (spec, _, default) in OPTIONAL_SPECS.items():
       values[name] = reader.get(name, spec) if name in cfg else default
+    reader.meta()
     reader.finish()
     if values['optimizer_sharding'] is None and \
         values['data_par_sharding'] is None:

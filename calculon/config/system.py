@@ -12,8 +12,14 @@ from calculon.config.execution import DATATYPE_NAMES
 from calculon.errors import ConfigError
 
 PROCESSING_MODES = ('roofline', 'no_overlap')
-NETWORK_OPS = ('p2p', 'reduce_scatter', 'all_gather', 'all_reduce')
-COLLECTIVES = ('reduce_scatter', 'all_gather', 'all_reduce')
+NETWORK_OPS = ('p2p', 'reduce_scatter', 'all_gather', 'all_reduce',
+               'all_to_all')
+COLLECTIVES = ('reduce_scatter', 'all_gather', 'all_reduce', 'all_to_all')
+#: Operations a tier may leave out, with the (scalar, offset) used then:
+#: an all-to-all of n bytes per rank among p ranks sends (p - 1) / p of
+#: them over the link (the bus factor of nccl-tests' alltoall_perf,
+#: PERFORMANCE.md).
+OPTIONAL_OPS = {'all_to_all': (1.0, -1.0)}
 
 
 @dataclass(frozen=True)
@@ -143,6 +149,9 @@ class NetworkConfig:
     ops_reader = Reader(ops_obj, source, sub.field_path('ops'))
     ops = {}
     for op in NETWORK_OPS:
+      if op in OPTIONAL_OPS and op not in ops_obj:
+        ops[op] = OPTIONAL_OPS[op]
+        continue
       pair = ops_reader.get(op, Spec('list'))
       collective = op in COLLECTIVES
       allowed = ('[scalar > 0, offset number]' if collective
@@ -180,6 +189,7 @@ class SystemConfig:
         given for only one of matrix/vector.
     """
     reader = Reader(cfg, source)
+    reader.meta()
     matrix = ProcessorConfig.read(reader, 'matrix')
     vector = ProcessorConfig.read(reader, 'vector')
     mem1 = MemoryConfig.read(reader, 'mem1')
