@@ -27,6 +27,9 @@ TIME_PARTS = (
   ('DP communication (exposed)', 'dp_comm_exposed_time'),
   ('forward offload (exposed)', 'fw_offload_exposed_time'),
   ('backward offload (exposed)', 'bw_offload_exposed_time'),
+  ('CP ring (exposed)', 'cp_comm_exposed_time'),
+  ('FSDP communication (exposed)', 'fsdp_comm_exposed_time'),
+  ('embedding, LM head and loss', 'embedding_lm_head_time'),
 )
 #: (label, extra-statistic prefix) of the memory kinds.
 MEMORY_KINDS = (
@@ -68,7 +71,10 @@ class RunData:
       ('tokens per second', x['tokens_per_sec'], 'tokens/s'),
       ('model TFLOP/s per processor', x['model_tflops_per_proc'],
        f'TFLOP/s (peak {peak:g})'),
-      ('MFU (model FLOP utilization)', 100 * x['mfu'], '%'),
+      ('MFU (model FLOP utilization)', 100 * x['mfu'],
+       '% (whole attention matrix: PaLM, torchtitan)'),
+      ('MFU, causal convention', 100 * x['mfu_causal'],
+       '% (half the attention matrix: Megatron-LM 2025, NeMo)'),
       ('HFU (hardware FLOP utilization)', 100 * x['hfu'], '%'),
       ('compute efficiency (Calculon)', 100 * s['compute_efficiency'], '%'),
       ('system efficiency (Calculon)', 100 * s['system_efficiency'], '%'),
@@ -78,7 +84,8 @@ class RunData:
   def time_breakdown(self):
     """[(part, seconds, share of the batch time)]."""
     total = self.stats['total_time']
-    return [(label, self.stats[key], self.stats[key] / total if total else 0)
+    return [(label, self.stats.get(key, 0.0),
+             self.stats.get(key, 0.0) / total if total else 0)
             for label, key in TIME_PARTS]
 
   def memory(self):
@@ -114,13 +121,11 @@ class RunData:
 
   def layers(self):
     """Per-layer rows of the model summary (one block, one microbatch)."""
-    bpe = {'float8': 1, 'float16': 2, 'bfloat16': 2, 'float32': 4}[
-      self.exe.datatype]
     rows = []
     for layer in self.stats.get('layers', []):
       rows.append({
         'layer': layer['name'],
-        'parameters': layer['weight'] / bpe,
+        'parameters': layer['parameters'],
         'fw_flops': layer['fw_flops'],
         'bw_flops': layer['agrad_flops'] + layer['wgrad_flops'],
         'fw_bytes': layer['fw_mem_accessed'],
@@ -155,16 +160,33 @@ def _bar(share, width=30):
 
 def header_lines(data):
   app, exe = data.app, data.exe
-  return [
-    f'Model: {app.num_blocks} blocks, hidden {app.hidden}, feedforward '
-    f'{app.feedforward}, {app.attn_heads} heads x {app.attn_size}, sequence '
-    f'{app.seq_size} ({human_format(app.num_parameters())} parameters)',
-    f'Run: {exe.num_procs} processors, TP={exe.tensor_par} '
-    f'PP={exe.pipeline_par} DP={exe.data_par}, batch {exe.batch_size}, '
-    f'microbatch {exe.microbatch_size}, {exe.datatype}, '
-    f"{'training' if exe.training else 'inference'}, recompute "
-    f'{exe.activation_recompute}, interleaving {exe.pipeline_interleaving}',
-  ]
+  model = (f'Model: {app.num_blocks} blocks, hidden {app.hidden}, '
+           f'feedforward {app.feedforward}, {app.attn_heads} heads x '
+           f'{app.attn_size}, sequence {app.seq_size} '
+           f'({human_format(app.num_parameters())} parameters')
+  if app.is_moe:
+    model += f', {human_format(app.num_active_parameters())} active'
+  model += ')'
+  modern = [f'{k} {v}' for k, v in app.to_dict().items()
+            if k not in app.FIELDS]
+  run = (f'Run: {exe.num_procs} processors, TP={exe.tensor_par} '
+         f'PP={exe.pipeline_par} DP={exe.data_par}')
+  if exe.context_par != 1:
+    run += f' CP={exe.context_par}'
+  run += (f', batch {exe.batch_size}, microbatch {exe.microbatch_size}, '
+          f"{exe.datatype}, {'training' if exe.training else 'inference'}, "
+          f'recompute {exe.activation_recompute}, interleaving '
+          f'{exe.pipeline_interleaving}')
+  options = [f'{k} {v}' for k, v in exe.to_dict().items()
+             if k in ('data_par_sharding', 'attention_kernel',
+                      'precision_recipe', 'gradient_datatype')]
+  lines = [model]
+  if modern:
+    lines.append('  ' + ', '.join(modern))
+  lines.append(run)
+  if options:
+    lines.append('  ' + ', '.join(options))
+  return lines
 
 
 def text_report(data, layers=True):
@@ -183,15 +205,24 @@ def text_report(data, layers=True):
     lines.append(f'  {label:<26} {_b(t1):>12}  {_b(t2):>12}')
   lines.append(f"  {'needed':<26} {_b(data.stats['proc_mem_tier1_cap_req']):>12}"
                f"  {_b(data.stats['proc_mem_tier2_cap_req']):>12}")
+  first = data.stats.get('first_stage_mem_tier1_cap_req')
+  last = data.stats.get('last_stage_mem_tier1_cap_req')
+  if first is not None and last is not None and first != last:
+    lines.append(f"  {'  first / last stage':<26} {_b(first):>12}  "
+                 f'{_b(last):>12} (tier 1; the larger is shown above)')
   lines.append(f"  {'capacity':<26} {_b(cap1):>12}  {_b(cap2):>12}")
   lines += ['', 'Bandwidth needed (to hide the transfer) vs available']
   for label, need, have in data.bandwidth():
     lines.append(f'  {label:<34} {_bw(need):>14}  of {_bw(have)}')
-  lines += ['', 'Communication on the link (s): '
-            f"TP {data.stats['tp_comm_link_time']:.4f}, "
-            f"PP {data.stats['pp_comm_link_time']:.4f}, "
-            f"DP {data.stats['dp_comm_link_time']:.4f}, "
-            f"TP redo {data.stats['recomm_link_time']:.4f}"]
+  link = (f"TP {data.stats['tp_comm_link_time']:.4f}, "
+          f"PP {data.stats['pp_comm_link_time']:.4f}, "
+          f"DP {data.stats['dp_comm_link_time']:.4f}, "
+          f"TP redo {data.stats['recomm_link_time']:.4f}")
+  for label, key in (('CP', 'cp_comm_link_time'),
+                     ('FSDP', 'fsdp_comm_link_time')):
+    if data.stats.get(key):
+      link += f', {label} {data.stats[key]:.4f}'
+  lines += ['', 'Communication on the link (s): ' + link]
   if layers and data.stats.get('layers'):
     lines += ['', 'Model summary (one block, one microbatch, one processor)',
               f"  {'layer':<30} {'params':>9} {'fw FLOP':>10} {'bw FLOP':>10} "

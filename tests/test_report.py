@@ -50,9 +50,12 @@ def test_speed_metrics():
   app = load_json(APP)
   assert extra['tokens_per_sec'] == pytest.approx(
     stats['sample_rate'] * app['seq_size'])
-  # PaLM model FLOP: 6 N + 12 L H Q T per token, N without embeddings.
-  blocks = Llm.Application(app).config
-  n = blocks.block_parameters() * app['num_blocks']
+  # PaLM model FLOP: 6 N + 12 L H Q T per token (Chowdhery et al. 2022,
+  # appendix B), N the GEMM weights as Megatron-LM counts them
+  # (num_floating_point_operations: no biases, norms or embeddings).
+  h, f, q = app['hidden'], app['feedforward'], app['attn_heads'] * \
+    app['attn_size']
+  n = (2 * h * f + 4 * h * q) * app['num_blocks']
   per_token = 6 * n + 12 * app['num_blocks'] * app['attn_heads'] * \
     app['attn_size'] * app['seq_size']
   flops = per_token * 3072 * app['seq_size']

@@ -52,6 +52,7 @@ def layer_stats_json(layer):
       for where, edge in (('baseblock', False), ('edgeblock', True)):
         out[f'{where}_{comm}_{kind}'] = _num(fn(stage, edge))
   out['weight'] = _num(layer.weight_bytes())
+  out['parameters'] = _num(layer.weights)
   out['activation'] = _num(layer.activation_bytes())
   out['weight_grad'] = _num(layer.weight_grad_bytes())
   out['activation_grad'] = _num(layer.activation_grad_bytes())

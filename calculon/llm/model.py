@@ -1173,17 +1173,24 @@ class Evaluation:
     """Tokens per second: sample rate x sequence length."""
     return self.sample_rate * self.app.seq_size
 
+  def _model_flops(self, convention):
+    from calculon.llm.flops import model_flops_per_token
+    per_token = model_flops_per_token(self.app, convention)
+    flops = float(per_token) * self.exe.batch_size * self.app.seq_size
+    return np.where(self.training, flops, flops / 3)
+
   @cached_property
   def model_flops_per_batch(self):
-    """Model FLOP of one batch, PaLM's definition (Chowdhery et al. 2022,
-    appendix B): per token 6 N + 12 L H Q T, with N the non-embedding
-    parameters, L blocks, H heads of width Q, T the sequence; one third of it
-    for inference (forward only).  Recomputation is not model FLOP."""
-    app = self.app
-    per_token = 6 * app.block_parameters() * app.num_blocks + \
-      12 * app.num_blocks * app.attn_heads * app.attn_size * app.seq_size
-    flops = float(per_token) * self.exe.batch_size * app.seq_size
-    return np.where(self.training, flops, flops / 3)
+    """Model FLOP of one batch with the whole attention score matrix
+    (PaLM's 6N + 12LHQT, torchtitan; :mod:`calculon.llm.flops`), one third
+    of it for inference (forward only).  Recomputation is not model FLOP."""
+    return self._model_flops('full')
+
+  @cached_property
+  def model_flops_per_batch_causal(self):
+    """Model FLOP of one batch with half the attention score matrix
+    (Megatron-LM since 2025, NeMo)."""
+    return self._model_flops('causal')
 
   @cached_property
   def _peak_flops(self):
@@ -1199,8 +1206,27 @@ class Evaluation:
 
   @cached_property
   def mfu(self):
-    """Model FLOP utilization: model FLOP/s per processor / matrix peak."""
+    """Model FLOP utilization: model FLOP/s per processor / matrix peak
+    (whole-attention convention, :attr:`model_flops_per_batch`)."""
     return self.model_tflops_per_proc * 1e12 / self._peak_flops
+
+  @cached_property
+  def mfu_causal(self):
+    """MFU with the causal convention (:attr:`model_flops_per_batch_causal`,
+    Megatron-LM since 2025 and NeMo)."""
+    with np.errstate(divide='ignore', invalid='ignore'):
+      return self.model_flops_per_batch_causal / self.exe.num_procs / \
+        self.total_time_s / self._peak_flops
+
+  @cached_property
+  def num_parameters(self):
+    """Trainable parameters of the model (elements)."""
+    return float(self.app.num_parameters())
+
+  @cached_property
+  def num_active_parameters(self):
+    """Parameters a token uses (MoE: top_k routed experts)."""
+    return float(self.app.num_active_parameters())
 
   @cached_property
   def hardware_flops_per_proc(self):
@@ -1208,7 +1234,17 @@ class Evaluation:
     recomputation, backward, TP reduction arithmetic, and the optimizer."""
     b = self.block
     work = b.fw_flops + b.re_flops + b.agrad_flops + b.wgrad_flops
-    return self._mult * work + self.blocks_per_proc * b.optim_flops
+    out = self._mult * work + self.blocks_per_proc * b.optim_flops
+    if self.app.has_vocab:
+      # The embedding and the head run on different stages (PP > 1): the
+      # busier of the two processors.
+      e, h = self.embed, self.head
+      ef = self.num_microbatches * (e.fw_flops + e.agrad_flops +
+                                    e.wgrad_flops) + e.optim_flops
+      hf = self.num_microbatches * (h.fw_flops + h.agrad_flops +
+                                    h.wgrad_flops) + h.optim_flops
+      out = out + np.where(self.pp > 1, np.maximum(ef, hf), ef + hf)
+    return out
 
   @cached_property
   def hfu(self):

@@ -111,14 +111,38 @@ STATS = (
   _S('total_efficiency', 'total_efficiency', '1', 'useful FLOP at peak / batch time'),
   _S('sample_rate', 'sample_rate', '1/s', 'samples per second'),
 )
+#: Statistics of the features beyond Calculon (0 when unused), appended
+#: to Calculon's list.
+MODERN_STATS = (
+  _S('cp_comm_link_time', 'cp_comm_link_time_s', 's', 'context-parallel ring communication on the link'),
+  _S('cp_comm_exposed_time', 'cp_comm_exposed_time_s', 's', 'context-parallel ring communication exposed'),
+  _S('fsdp_comm_link_time', 'fsdp_comm_link_time_s', 's', 'FSDP (ZeRO-3) all-gathers and reduce-scatters on the link'),
+  _S('fsdp_comm_exposed_time', 'fsdp_comm_exposed_time_s', 's', 'FSDP (ZeRO-3) communication exposed'),
+  _S('embedding_time', 'embedding_time_s', 's', 'embedding forward + backward, whole batch, first stage'),
+  _S('lm_head_time', 'lm_head_time_s', 's', 'LM head and loss forward + backward, whole batch, last stage'),
+  _S('embedding_lm_head_time', 'vocab_extra_time_s', 's', 'what the embedding, LM head and loss add to the batch time (compute, optimizer, DP)'),
+  _S('embedding_lm_head_dp_time', 'vocab_dp_time_s', 's', 'DP communication of the embedding and LM head weights'),
+  _S('embedding_weight_space', 'embed.weight_bytes', 'B', 'embedding weights (unsharded), first stage'),
+  _S('lm_head_weight_space', 'head.weight_bytes', 'B', 'LM head weights (unsharded), last stage'),
+  _S('lm_head_act_space', '_head_activation_bytes', 'B', 'LM head and loss activations (logits), last stage'),
+  _S('first_stage_mem_tier1_cap_req', 'first_stage_mem1_bytes', 'B', 'memory tier 1 needed by a first-stage processor'),
+  _S('last_stage_mem_tier1_cap_req', 'last_stage_mem1_bytes', 'B', 'memory tier 1 needed by a last-stage processor'),
+)
+#: Calculon's statistics (its JSON order).
+CALCULON_STAT_NAMES = tuple(s.name for s in STATS)
+STATS = STATS + MODERN_STATS
 STAT_NAMES = tuple(s.name for s in STATS)
 
 #: More statistics, beyond Calculon's list (reports, DataFrames).
 EXTRA_STATS = (
   _S('tokens_per_sec', 'tokens_per_s', '1/s', 'tokens per second'),
-  _S('model_flops_per_batch', 'model_flops_per_batch', 'FLOP', 'model FLOP of one batch (PaLM definition)'),
+  _S('model_flops_per_batch', 'model_flops_per_batch', 'FLOP', 'model FLOP of one batch, whole attention matrix (PaLM, torchtitan)'),
+  _S('model_flops_per_batch_causal', 'model_flops_per_batch_causal', 'FLOP', 'model FLOP of one batch, causal half of the attention matrix (Megatron-LM 2025, NeMo)'),
   _S('model_tflops_per_proc', 'model_tflops_per_proc', 'TFLOP/s', 'model TFLOP/s per processor'),
-  _S('mfu', 'mfu', '1', 'model FLOP utilization'),
+  _S('mfu', 'mfu', '1', 'model FLOP utilization (whole attention matrix)'),
+  _S('mfu_causal', 'mfu_causal', '1', 'model FLOP utilization (causal convention)'),
+  _S('num_parameters', 'num_parameters', '1', 'trainable parameters'),
+  _S('num_active_parameters', 'num_active_parameters', '1', 'parameters a token uses (MoE: top-k experts)'),
   _S('hardware_flops_per_proc', 'hardware_flops_per_proc', 'FLOP', 'FLOP executed per processor per batch'),
   _S('hfu', 'hfu', '1', 'hardware FLOP utilization'),
   _S('blocks_per_proc', 'blocks_per_proc', '1', 'transformer blocks per processor'),
