@@ -31,7 +31,7 @@ DATATYPE_NAMES = tuple(DATATYPE_BYTES)
 #: layers' GEMMs in them, see ``precision_recipe``).
 NARROW_DATATYPES = ('float8', 'float4')
 ATTENTION_NAMES = ('multihead', 'multiquery', 'grouped')
-RECOMPUTE_NAMES = ('none', 'attn_only', 'full')
+RECOMPUTE_NAMES = ('none', 'attn_only', 'full', 'selective')
 TP_COMM_NAMES = ('ar', 'p2p_rs_ag', 'rs_ag')
 TP_OVERLAP_NAMES = ('none', 'ring', 'pipe')
 SHARDING_NAMES = ('none', 'optimizer', 'gradients', 'parameters')
@@ -39,7 +39,8 @@ ATTENTION_KERNEL_NAMES = ('standard', 'flash')
 PRECISION_RECIPE_NAMES = ('uniform', 'transformer_engine')
 
 # Codes used by the engine.
-RECOMPUTE_NONE, RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL = 0, 1, 2
+RECOMPUTE_NONE, RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_SELECTIVE = \
+  0, 1, 2, 3
 TP_COMM_AR, TP_COMM_P2P_RS_AG, TP_COMM_RS_AG = 0, 1, 2
 TP_OVERLAP_NONE, TP_OVERLAP_RING, TP_OVERLAP_PIPE = 0, 1, 2
 ATTENTION_AUTO, ATTENTION_MULTIHEAD, ATTENTION_MULTIQUERY, \

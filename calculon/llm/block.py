@@ -11,7 +11,7 @@ order, into per-block, per-microbatch totals.
 import numpy as np
 
 from calculon.config.execution import (
-  RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, TP_OVERLAP_NONE)
+  RECOMPUTE_FULL, RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, TP_OVERLAP_NONE)
 from calculon.llm.layers import (
   flag, negate, where, BatchMatMul, CrossEntropy, DropOut, ElementWise,
   EmbeddingLookup, FlashAttention, Fork, GeLU, LayerNorm, Linear,
@@ -103,8 +103,13 @@ def build_block(app, exe, ctx):
   mbs = exe.microbatch_size
 
   full = exe.activation_recompute == RECOMPUTE_FULL
-  attn_re = exe.activation_recompute != RECOMPUTE_NONE  # full or attn_only
-  attn_recomm = attn_re | exe.seq_par_ag_redo
+  # The attention core is recomputed by every mode but none; Calculon's
+  # attn_only also recomputes from the block input (redoing the f
+  # operator, dropping the stored norm output), Megatron-LM's selective
+  # mode (Korthikanti et al. 2022, section 5) only the core.
+  attn_re = exe.activation_recompute != RECOMPUTE_NONE
+  attn_recomm = (attn_re & (exe.activation_recompute != RECOMPUTE_SELECTIVE)
+                 ) | exe.seq_par_ag_redo
   mlp_recomm = full | exe.seq_par_ag_redo
   plain = exe.tensor_par_overlap == TP_OVERLAP_NONE
   overlap = ~plain

@@ -64,14 +64,17 @@ def check_compatible(app, system, exe, source='<execution>'):
   i = _first((exe.precision_recipe == RECIPE_TE), shape)
   if i is not None:
     try:
-      system.check_datatype('bfloat16')
-    except ConfigError as err:
-      raise ConfigError(
-        f"{source}:{where(i)} field 'precision_recipe' = "
-        '"transformer_engine" is not allowed: it runs everything but the '
-        'linear layers in bfloat16, and ' + str(err.allowed),
-        source=source, field='precision_recipe',
-        value='transformer_engine') from None
+      system.check_datatype('float16')
+    except ConfigError:
+      try:
+        system.check_datatype('bfloat16')
+      except ConfigError as err:
+        raise ConfigError(
+          f"{source}:{where(i)} field 'precision_recipe' = "
+          '"transformer_engine" is not allowed: it runs everything but the '
+          'linear layers in bfloat16 (or float16), and ' + str(err.allowed),
+          source=source, field='precision_recipe',
+          value='transformer_engine') from None
   _check_attention(app, exe, shape, where, source)
   tp = exe.tensor_par
   for what, size in (('hidden', app.hidden), ('feedforward', app.feedforward),

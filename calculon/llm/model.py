@@ -31,6 +31,7 @@ from calculon.units import human_format
 _BYTES_TABLE = np.array([DATATYPE_BYTES[d] for d in DATATYPE_NAMES],
                         dtype=float)
 _BF16 = DATATYPE_NAMES.index('bfloat16')
+_FP16 = DATATYPE_NAMES.index('float16')
 
 # Infeasibility reasons, in the order Calculon checks them.
 OK = 0
@@ -133,7 +134,9 @@ class Evaluation:
     te = e.precision_recipe == RECIPE_TE
     bpe = self.bytes_per_element
     self.io_bytes = np.where(te, 2.0, bpe)
-    other_dtype = np.where(te, _BF16, e.datatype)
+    sixteen = _BF16 if system.vector.supports(_BF16) and \
+      system.matrix.supports(_BF16) else _FP16
+    other_dtype = np.where(te, sixteen, e.datatype)
     grad_set = e.gradient_datatype != UNSET
     self.grad_bytes = np.where(grad_set, _BYTES_TABLE[
       np.maximum(e.gradient_datatype, 0)], self.io_bytes)

@@ -1,0 +1,432 @@
+"""Modern dense transformers: FLOP, activation memory, bytes per parameter,
+GQA, context parallelism, vocabulary and precision, each against a cited
+source (issue "Modern dense transformers")."""
+
+import math
+
+import numpy as np
+import pytest
+
+from calculon.config import Application, Execution, ExecutionColumns
+from calculon.errors import ConfigError
+from calculon.hardware import System
+from calculon.io import read_json_file
+from calculon.llm.engine import evaluate_columns
+from calculon.llm.flops import model_flops_per_token
+
+from conftest import ROOT
+
+A100 = System(read_json_file(f'{ROOT}/systems/a100_80g.json'))
+H100 = System(read_json_file(f'{ROOT}/systems/h100_80g_nvl8.json'))
+
+BASE_EXE = dict(
+  num_procs=1, tensor_par=1, pipeline_par=1, data_par=1, tensor_par_net=0,
+  pipeline_par_net=0, data_par_net=0, batch_size=1, microbatch_size=1,
+  datatype='float16', fused_activation=False, activation_recompute='none',
+  pipeline_interleaving=1, optimizer_sharding=False,
+  tensor_par_comm_type='ar', tensor_par_overlap='none', seq_par_ag_redo=False,
+  data_par_overlap=False, weight_offload=False, activations_offload=False,
+  optimizer_offload=False, training=True)
+
+
+def evaluation(app, system=A100, **fields):
+  exe = dict(BASE_EXE, **fields)
+  if 'optimizer_sharding' not in fields and 'data_par_sharding' in fields:
+    exe.pop('optimizer_sharding')
+  procs = exe['tensor_par'] * exe['pipeline_par'] * exe['data_par'] * \
+    exe.get('context_par', 1)
+  exe.setdefault('num_procs', procs)
+  exe['num_procs'] = procs
+  cfg = Execution.from_dict(exe)
+  cols = ExecutionColumns.from_records([cfg.to_dict()])
+  return evaluate_columns(app, system, cols)
+
+
+def value(x):
+  return float(np.asarray(x).reshape(-1)[0])
+
+
+def llama(**over):
+  """A Llama-shaped application (Touvron et al. 2023; Llama 3 8B unless
+  overridden)."""
+  cfg = dict(hidden=4096, feedforward=14336, seq_size=8192, attn_heads=32,
+             attn_size=128, num_blocks=32, kv_heads=8, mlp='gated',
+             norm='rmsnorm', linear_bias='none', vocab_size=128256,
+             position_embedding='rope', dropout=False)
+  cfg.update(over)
+  return Application.from_dict(cfg)
+
+
+# -- model FLOP ------------------------------------------------------------------
+
+def megatron_flops_per_batch(b, s, L, h, f, a, g, d, V, swiglu, causal):
+  """Megatron-LM ``num_floating_point_operations`` (megatron/training/
+  training.py at d98e8a64, dense GQA branch, BSHD: total_real_tokens =
+  b s, seqlen_squared_sum = b s^2), transcribed term by term."""
+  q = d * a
+  kv = d * g
+  ffn_expansion = 3 if swiglu else 2
+  tokens = b * s
+  self_attn_linear = 3 * 2 * (h * (q + kv + kv) + q * h)
+  core = 3 * 2 * q / (2 if causal else 1) * 2
+  return tokens * (3 * 2 * h * (f * ffn_expansion) * L + L * self_attn_linear
+                   + 3 * 2 * h * V) + b * s * s * L * core
+
+
+@pytest.mark.parametrize('name,cfg,causal_ref,full_ref', [
+  # Per-token oracles derived from Megatron-LM HEAD (causal) and commit
+  # d737deb362 (full s^2); shapes from Grattafiori et al. 2024 (Llama 3,
+  # Table 3) and Brown et al. 2020 (GPT-3, Table 2.1, V padded to 51200).
+  ('llama3-8B', dict(), 5.1470e10, 5.7913e10),
+  ('llama3-70B', dict(hidden=8192, feedforward=28672, attn_heads=64,
+                      num_blocks=80), 4.4922e11, 4.8143e11),
+  ('llama3.1-405B', dict(hidden=16384, feedforward=53248, attn_heads=128,
+                         num_blocks=126), 2.5240e12, 2.6254e12),
+  ('gpt3-175B', dict(hidden=12288, feedforward=49152, seq_size=2048,
+                     attn_heads=96, num_blocks=96, kv_heads=96, mlp='plain',
+                     vocab_size=51200), 1.0619e12, 1.0764e12),
+])
+def test_model_flops_equal_megatron(name, cfg, causal_ref, full_ref):
+  app = llama(**cfg)
+  for conv, ref in (('causal', causal_ref), ('full', full_ref)):
+    got = model_flops_per_token(app, conv)
+    assert got == pytest.approx(ref, rel=5e-5), (name, conv)
+    exact = megatron_flops_per_batch(
+      1, app.seq_size, app.num_blocks, app.hidden, app.feedforward,
+      app.attn_heads, app.kv_heads, app.attn_size, app.vocab_size,
+      app.gated, conv == 'causal') / app.seq_size
+    assert got == pytest.approx(exact, rel=1e-12)
+
+
+@pytest.mark.parametrize('family,over,expected', [
+  # NeMo tests/utils/test_flops_formulas.py (NVIDIA/NeMo@8cfedd72): gbs=1,
+  # s=128, hs=768, layers=12, ffn=3072, heads=12, groups=12, topk=2; the
+  # vocabulary of each family from LLM_VOCAB_SIZE_MAP.
+  ('gpt3', dict(mlp='plain', vocab_size=51200), 96334774272),
+  ('llama2', dict(vocab_size=32000), 106753425408),
+  ('llama3', dict(vocab_size=128256), 163527524352),
+  ('nemotron', dict(mlp='plain', vocab_size=256000), 217130729472),
+  ('mixtral', dict(vocab_size=32000, num_experts=8, top_k=2,
+                   moe_ffn_hidden=3072), 171983241216),
+])
+def test_nemo_expected_flops(family, over, expected):
+  app = llama(hidden=768, feedforward=3072, seq_size=128, attn_heads=12,
+              attn_size=64, num_blocks=12, kv_heads=12, **over)
+  assert model_flops_per_token(app, 'causal') * 128 == expected
+
+
+@pytest.mark.parametrize('tp', [1, 2])
+def test_engine_gemm_flops_equal_the_full_formula(tp):
+  """The GEMMs the engine prices (standard attention kernel, no
+  recomputation) are exactly the model FLOP with the whole score matrix:
+  Megatron-LM's formula before 2025 (d737deb362)."""
+  app = llama(seq_size=2048, num_blocks=4)
+  ev = evaluation(app, H100, tensor_par=tp, batch_size=2, microbatch_size=1,
+                  tensor_par_comm_type='rs_ag')
+  blocks = app.num_blocks * value(ev.num_microbatches)
+  per_rank = blocks * value(ev.block.matrix_fw_flops + ev.block.matrix_bw_flops)
+  per_rank += value(ev.num_microbatches) * value(
+    ev.head.matrix_fw_flops + ev.head.matrix_bw_flops)
+  assert per_rank * tp == pytest.approx(
+    model_flops_per_token(app, 'full') * 2 * app.seq_size, rel=1e-12)
+
+
+def test_flash_kernel_skips_masked_tiles():
+  """FlashAttention-2 with a causal mask computes n (n + 1) / 2 of n^2
+  tiles (Dao 2023, section 3.1.1): 1/2 + 1/(2n) of the full core."""
+  app = llama(seq_size=4096, num_blocks=2)
+  std = evaluation(app, H100, attention_kernel='standard')
+  fl = evaluation(app, H100, attention_kernel='flash')
+  n = 4096 // 128
+  core_std = value(std.layers[[l.name for l in std.layers].index(
+    'AttnBlock_Multihead_Key_Query')].flops('fw')) * 2
+  core_fl = value([l for l in fl.layers if l.name ==
+                   'AttnBlock_FlashAttention'][0].flops('fw'))
+  assert core_fl == pytest.approx(core_std * (n + 1) / (2 * n), rel=1e-12)
+
+
+# -- activation memory -------------------------------------------------------------
+
+GPT = dict(hidden=4096, feedforward=16384, seq_size=2048, attn_heads=32,
+           attn_size=128, num_blocks=8)
+
+
+@pytest.mark.parametrize('tp', [2, 8])
+@pytest.mark.parametrize('seq_par', [False, True])
+@pytest.mark.parametrize('mode', ['none', 'selective', 'flash'])
+def test_activation_memory_per_layer_equals_korthikanti(tp, seq_par, mode):
+  """Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+  Transformer Models", section 4 (eqs. 2-4; Table 2): per layer, 16-bit
+  activations, 1-byte dropout masks: TP sbh(10 + 24/t + 5as/(ht)), TP+SP
+  sbh/t (34 + 5as/h); selective recomputation drops the 5as/h terms.
+  FlashAttention (Dao et al. 2022, section 3.1) stores no s x s tensor,
+  only the fp32 log-sum-exp per query and head: the selective row + 4asb/t.
+  Sequence parallelism as the paper describes it re-gathers the layer-norm
+  output in the backward pass (seq_par_ag_redo)."""
+  s, b, h, a = 2048, 1, 4096, 32
+  app = Application.from_dict(GPT)
+  rec = 'selective' if mode == 'selective' else 'none'
+  ev = evaluation(app, A100, tensor_par=tp, activation_recompute=rec,
+                  tensor_par_comm_type='rs_ag' if seq_par else 'ar',
+                  seq_par_ag_redo=seq_par,
+                  attention_kernel='flash' if mode == 'flash' else 'standard')
+  quad = 5 * a * s / h if mode == 'none' else 0
+  if seq_par:
+    ref = s * b * h / tp * (34 + quad)
+  else:
+    ref = s * b * h * (10 + 24 / tp + quad / tp)
+  if mode == 'flash':
+    ref += 4 * a * s * b / tp
+  assert value(ev.block.act_storage_bytes) == pytest.approx(ref, rel=1e-12)
+
+
+def test_full_recomputation_keeps_the_layer_input():
+  """Korthikanti et al. 2022, section 4.3: full recomputation keeps 2sbh per
+  layer (the block input in 16 bits)."""
+  app = Application.from_dict(GPT)
+  ev = evaluation(app, A100, tensor_par=2, activation_recompute='full')
+  assert value(ev.block_act_checkpoint_bytes) == 2 * 2048 * 4096
+
+
+def test_gated_mlp_and_gqa_activations():
+  """Gated MLP keeps the 2f-wide gate/up output and the f-wide down input
+  (sb(3h + 6f) for the MLP with its input and dropout mask, vs sb(3h + 4f)
+  plain); GQA attention keeps sb(3h + 4q + 4gd) (modern-formulas note c6,
+  generalizing Korthikanti et al. 2022 section 4.1)."""
+  s, h, f, q, g, d = 2048, 4096, 11008, 4096, 8, 128
+  base = dict(GPT, feedforward=f)
+  plain = evaluation(Application.from_dict(base), A100)
+  gated = evaluation(Application.from_dict(dict(base, mlp='gated')), A100)
+  diff = value(gated.block.act_storage_bytes) - \
+    value(plain.block.act_storage_bytes)
+  assert diff == pytest.approx(s * 2 * f, rel=1e-12)
+  gqa = evaluation(Application.from_dict(dict(GPT, kv_heads=g)), A100,
+                   attention_kernel='flash')
+  mha = evaluation(Application.from_dict(GPT), A100,
+                   attention_kernel='flash')
+  saved = value(mha.block.act_storage_bytes) - \
+    value(gqa.block.act_storage_bytes)
+  assert saved == pytest.approx(s * 4 * (q - g * d), rel=1e-12)
+
+
+# -- bytes per parameter -----------------------------------------------------------
+
+def _states_per_param(level, n, datatype='float16', grads='float16'):
+  app = Application.from_dict(dict(GPT, num_blocks=1))
+  fields = dict(datatype=datatype, gradient_datatype=grads, data_par=n,
+                batch_size=n)
+  if level != 'none':
+    fields['data_par_sharding'] = level
+  ev = evaluation(app, A100, **fields)
+  params = value(ev.block.weight_elems)
+  kinds = ev.memory_by_kind
+  states = sum(value(kinds[k][0]) for k in ('weights', 'weight_gradients',
+                                           'optimizer'))
+  return states / params, value(ev.block.weight_bytes) / params
+
+
+@pytest.mark.parametrize('level,formula', [
+  # Rajbhandari et al. 2020 (ZeRO), section 5, Figure 1: mixed-precision
+  # Adam, K = 12: (2 + 2 + K), 2 + 2 + K/N, 2 + (2 + K)/N, (2 + 2 + K)/N.
+  ('none', lambda n: 16),
+  ('optimizer', lambda n: 4 + 12 / n),
+  ('gradients', lambda n: 2 + 14 / n),
+  ('parameters', lambda n: 16 / n),
+])
+def test_bytes_per_parameter_equal_zero(level, formula):
+  """One block per processor: the steady-state model states of the ZeRO
+  paper, plus the working set the paper leaves out: ZeRO-2/3 hold the
+  block's gradients unsharded until they are reduce-scattered, ZeRO-3 the
+  gathered 16-bit weights of the block being computed."""
+  n = 64
+  got, _ = _states_per_param(level, n)
+  working = {'none': 0, 'optimizer': 0, 'gradients': 2 - 2 / n,
+             'parameters': 2 + 2 - 2 / n}[level]
+  assert got == pytest.approx(formula(n) + working, rel=1e-12)
+  # ZeRO Figure 1 (7.5B parameters, 64 GPUs): 120, 31.4, 16.6, 1.9 GB.
+  fig1 = {'none': 120, 'optimizer': 31.4, 'gradients': 16.6,
+          'parameters': 1.9}[level]
+  assert formula(n) * 7.5 == pytest.approx(fig1, abs=0.06)
+
+
+@pytest.mark.parametrize('datatype,grads,none,dist', [
+  # Megatron-LM docs/user-guide/features/dist_optimizer.md: bf16 parameters
+  # with fp32 gradients 18 / 6 + 12/d; fp32 parameters and gradients
+  # 16 / 8 + 8/d.
+  ('bfloat16', 'float32', lambda d: 18, lambda d: 6 + 12 / d),
+  ('float32', 'float32', lambda d: 16, lambda d: 8 + 8 / d),
+])
+def test_bytes_per_parameter_equal_megatron_distributed_optimizer(
+    datatype, grads, none, dist):
+  sysm = System(read_json_file(f'{ROOT}/systems/a100_80g.json'))
+  for d in (2, 8, 64):
+    cfg = sysm.cfg
+    for level, ref in (('none', none), ('optimizer', dist)):
+      app = Application.from_dict(dict(GPT, num_blocks=1))
+      fields = dict(datatype=datatype, gradient_datatype=grads, data_par=d,
+                    batch_size=d)
+      if level != 'none':
+        fields['data_par_sharding'] = level
+      ev = evaluation(app, _with_dtypes(cfg), **fields)
+      params = value(ev.block.weight_elems)
+      kinds = ev.memory_by_kind
+      states = sum(value(kinds[k][0]) for k in (
+        'weights', 'weight_gradients', 'optimizer'))
+      assert states / params == pytest.approx(ref(d), rel=1e-12)
+
+
+def _with_dtypes(cfg):
+  """The A100 system with bfloat16 and float32 throughput too."""
+  import copy
+  cfg = copy.deepcopy(cfg)
+  for engine in ('matrix', 'vector'):
+    for dt in ('bfloat16', 'float32'):
+      cfg[engine].setdefault(dt, cfg[engine]['float16'])
+  return System(cfg)
+
+
+def test_calculon_optimizer_sharding_is_priced_as_before():
+  """optimizer_sharding = true keeps Calculon's numbers: the level
+  'gradients' with Calculon's gradient precision (the golden parity covers
+  the values; here the equivalence)."""
+  app = Application.from_dict(GPT)
+  calc = evaluation(app, A100, data_par=8, batch_size=8,
+                    optimizer_sharding=True)
+  new = evaluation(app, A100, data_par=8, batch_size=8,
+                   data_par_sharding='gradients')
+  for attr in ('total_time_s', 'mem1_bytes'):
+    assert value(getattr(calc, attr)) == value(getattr(new, attr))
+
+
+# -- GQA, CP, vocabulary -----------------------------------------------------------
+
+@pytest.mark.parametrize('tp,width', [(1, 8 * 128), (4, 2 * 128), (8, 128),
+                                      (16, 128), (32, 128)])
+def test_gqa_kv_width_per_rank(tp, width):
+  """K and V projections have g d outputs split over TP; with TP > g each
+  rank keeps one replicated K/V head (Megatron-Core: num_query_groups a
+  multiple or a divisor of TP)."""
+  app = llama(num_blocks=2, seq_size=1024, attn_heads=32)
+  ev = evaluation(app, H100, tensor_par=tp)
+  key = [l for l in ev.layers if l.name == 'AttnBlock_Key'][0]
+  assert value(key.weights) == 4096 * width
+
+
+def test_gqa_tp_must_divide_or_be_divided_by_kv_heads():
+  app = llama(num_blocks=2, seq_size=1024, attn_heads=48, kv_heads=8,
+              hidden=6144)
+  with pytest.raises(ConfigError, match="multiple or a divisor of the "
+                     "application's kv_heads"):
+    evaluation(app, H100, tensor_par=3)
+
+
+def test_attention_type_must_agree_with_kv_heads():
+  app = llama(num_blocks=2, seq_size=1024)
+  with pytest.raises(ConfigError, match='"grouped"'):
+    evaluation(app, H100, attention_type='multihead')
+  evaluation(app, H100, attention_type='grouped')
+  with pytest.raises(ConfigError, match="needs the application's kv_heads"):
+    evaluation(Application.from_dict(GPT), A100, attention_type='grouped')
+
+
+def test_context_parallelism_divides_work_and_rings_kv():
+  """CP splits the sequence: linear FLOP and activations per rank / CP;
+  the ring sends the local K and V (2 b (s / c) g d 16-bit elements per
+  step, cp - 1 steps forward; Megatron-Core CP with TransformerEngine
+  AttnFuncWithCPAndKVP2P)."""
+  app = llama(num_blocks=2)
+  one = evaluation(app, H100, attention_kernel='flash')
+  cp4 = evaluation(app, H100, attention_kernel='flash', context_par=4,
+                   data_par=1)
+  mlp = lambda ev: value([l for l in ev.layers if l.name ==
+                          'MlpBlock_Mlp1'][0].flops('fw'))
+  assert mlp(cp4) == mlp(one) / 4
+  core = lambda ev: value([l for l in ev.layers if l.name ==
+                           'AttnBlock_FlashAttention'][0].flops('fw'))
+  assert core(cp4) == pytest.approx(core(one) / 4, rel=1e-12)
+  assert value(cp4.block_cp_bytes) == 2 * (8192 // 4) * 8 * 128 * 2
+  assert value(cp4.cp_comm_link_time_s) > 0
+  # CP joins DP for the optimizer shards.
+  sharded = evaluation(app, H100, attention_kernel='flash', context_par=4,
+                       data_par_sharding='optimizer')
+  assert value(sharded.optimizer_shards) == 4
+
+
+def test_context_parallel_must_split_the_sequence_evenly():
+  with pytest.raises(ConfigError, match='2 x context_par must divide'):
+    evaluation(llama(num_blocks=2, seq_size=8192 + 4), H100, context_par=4)
+
+
+def test_vocabulary_on_first_and_last_stage():
+  """Vocabulary-parallel embedding and LM head (Megatron-LM): V / TP rows per
+  rank; the last stage keeps the fp32 softmax of its logits (b s V / TP x 4
+  bytes); untied embeddings put one table on each end of the pipeline."""
+  app = llama(num_blocks=4)
+  tp = 2
+  ev = evaluation(app, H100, tensor_par=tp, pipeline_par=2, batch_size=4)
+  table = 128256 // tp * 4096
+  assert value(ev.embed.weight_elems) == table
+  assert value(ev.head.weight_elems) == table + 4096   # + the final norm
+  logits = 8192 * 128256 // tp * 4
+  assert value(ev._head_activation_bytes) >= logits
+  assert value(ev.vocab_extra_time_s) > 0
+  assert value(ev.total_time_s) > value(ev.total_time_s -
+                                        ev.vocab_extra_time_s)
+  # Tied embeddings on one stage share the table.
+  tied = llama(num_blocks=4, tied_embeddings=True)
+  one = evaluation(tied, H100, tensor_par=tp)
+  assert value(one.head.weight_elems) == 4096
+  two = evaluation(tied, H100, tensor_par=tp, pipeline_par=2, batch_size=4)
+  assert value(two.head.weight_elems) == table + 4096
+
+
+def test_transformer_engine_recipe():
+  """Transformer Engine FP8: only the linear layers' GEMMs run in FP8; the
+  attention core and norms stay 16-bit; weights keep a 16-bit copy plus an
+  FP8 copy (3 bytes per linear weight)."""
+  app = llama(num_blocks=2, seq_size=2048)
+  uni = evaluation(app, H100, datatype='float8')
+  te = evaluation(app, H100, datatype='float8',
+                  precision_recipe='transformer_engine')
+  by = lambda ev, n: [l for l in ev.layers if l.name == n][0]
+  assert value(by(te, 'MlpBlock_Mlp1').weight_bytes()) == \
+    3 * value(by(te, 'MlpBlock_Mlp1').weights)
+  assert value(by(uni, 'MlpBlock_Mlp1').weight_bytes()) == \
+    value(by(uni, 'MlpBlock_Mlp1').weights)
+  core_te = by(te, 'AttnBlock_Multihead_Key_Query').flops_time_s('fw')
+  core_uni = by(uni, 'AttnBlock_Multihead_Key_Query').flops_time_s('fw')
+  assert value(core_te) == pytest.approx(2 * value(core_uni), rel=1e-9)
+  assert value(by(te, 'MlpBlock_Mlp1').flops_time_s('fw')) == \
+    value(by(uni, 'MlpBlock_Mlp1').flops_time_s('fw'))
+  with pytest.raises(ConfigError, match='needs a narrow datatype'):
+    evaluation(app, H100, precision_recipe='transformer_engine')
+
+
+def test_calculon_files_mean_calculon():
+  """No optional field: every statistic as before (the golden parity test
+  covers Calculon's cases; here a modern-looking but Calculon-expressible
+  execution gives the same numbers spelled both ways)."""
+  app = Application.from_dict(GPT)
+  old = evaluation(app, A100, tensor_par=2, data_par=4, batch_size=8,
+                   optimizer_sharding=True, attention_type='multiquery')
+  new = evaluation(Application.from_dict(dict(GPT, kv_heads=1)), A100,
+                   tensor_par=2, data_par=4, batch_size=8,
+                   data_par_sharding='gradients', attention_kernel='standard',
+                   context_par=1, precision_recipe='uniform')
+  assert value(old.total_time_s) == value(new.total_time_s)
+  assert value(old.mem1_bytes) == value(new.mem1_bytes)
+
+
+def test_bad_modern_fields_are_one_line_errors():
+  with pytest.raises(ConfigError, match="field 'kv_heads' = 5 is not allowed"):
+    Application.from_dict(dict(GPT, kv_heads=5))
+  with pytest.raises(ConfigError, match="'mlp' = \"swiglu\" is not allowed"):
+    Application.from_dict(dict(GPT, mlp='swiglu'))
+  with pytest.raises(ConfigError, match='tied_embeddings.*needs vocab_size'):
+    Application.from_dict(dict(GPT, tied_embeddings=True))
+  with pytest.raises(ConfigError, match='data_par_sharding'):
+    evaluation(Application.from_dict(GPT), A100, data_par=2, batch_size=2,
+               optimizer_sharding=False, data_par_sharding='optimizer')
+  with pytest.raises(ConfigError, match="field 'context_par' = 0 is not "
+                     'allowed: an integer >= 1'):
+    Execution.from_dict(dict(BASE_EXE, context_par=0))
