@@ -202,3 +202,56 @@ def test_batch_size_and_group_space():
   assert [(g.tp, g.pp, g.dp, g.batch_size) for g in gs][:3] == [
     (1, 1, 4, 8), (1, 2, 2, 8), (1, 4, 1, 8)]
   assert S.count_space(sp) == sum(S.valid_count(sp, g) for g in gs)
+
+
+# -- the modern space ------------------------------------------------------------
+
+MODERN_APP = dict(hidden=512, feedforward=1408, seq_size=1024, attn_heads=8,
+                  attn_size=64, num_blocks=4, kv_heads=2, mlp='gated',
+                  norm='rmsnorm', linear_bias='none', vocab_size=3200,
+                  position_embedding='rope', dropout=False)
+
+
+def _modern_system():
+  """Two network tiers and tier-2 memory (every modern axis varies)."""
+  cfg = load_json(repo('systems', 'a100_80g.json'))
+  cfg['mem1']['GiB'] = 3
+  return cfg
+
+
+@pytest.mark.parametrize('procs,batch,top_n', [(8, 16, 25), (16, 16, 40)])
+def test_modern_pruned_search_equals_exhaustive(procs, batch, top_n):
+  """Branch and bound (calculon.llm.prune) never drops a member of the true
+  top-n: the pruned search returns exactly the exhaustive top-n (rates,
+  executions and tie order), while pricing a small part of the space."""
+  app = Application.from_dict(MODERN_APP)
+  system = System(_modern_system())
+  spec = dict(app=app, system=system, num_procs=procs, max_batch_size=batch,
+              datatype='float16', space='modern')
+  full = S.optimal_executions(S.SearchSpec(prune=False, **spec), top_n)
+  pruned = S.optimal_executions(S.SearchSpec(prune=True, **spec), top_n)
+  assert full.total == pruned.total
+  assert full.evaluated == full.total > 100000
+  assert len(full.best) == top_n
+  assert pruned.best == full.best
+  assert pruned.evaluated + pruned.pruned == pruned.total
+  assert pruned.evaluated < full.total / 5
+  # Every modern axis took part, and the best re-price exactly.
+  g = {a for grp in full.groups for a in grp.axes if len(grp.values[a]) > 1}
+  assert {'data_par_sharding', 'attention_kernel', 'context_par_net',
+          'activation_recompute'} <= g
+  assert any(grp.cp > 1 for grp in full.groups)
+  from calculon.llm.results import best_to_output
+  out = best_to_output(S.SearchSpec(prune=True, **spec), pruned)
+  assert out['0']['stats']['sample_rate'] == pruned.best[0][0]
+
+
+def test_space_option_keeps_calculon_searches():
+  """--space auto gives Calculon's space for a Calculon application and the
+  modern one otherwise."""
+  calc = S.SearchSpec(Application.from_dict(APP), System(SYS), 4, 8,
+                      'float16')
+  assert calc.space == 'calculon' and calc.axes == S.AXES
+  modern = S.SearchSpec(Application.from_dict(MODERN_APP), System(SYS), 4, 8,
+                        'float16')
+  assert modern.space == 'modern' and modern.axes == S.MODERN_AXES

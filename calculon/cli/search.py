@@ -6,7 +6,7 @@ import sys
 from calculon import io
 from calculon.cli.main import (
   EXIT_INFEASIBLE, EXIT_INTERRUPTED, EXIT_OK, positive_int)
-from calculon.config.execution import DATATYPE_NAMES
+from calculon.config.execution import DATATYPE_NAMES, PRECISION_RECIPE_NAMES
 from calculon.errors import ConfigError
 from calculon.llm import search as S
 from calculon.parallel import default_workers
@@ -52,6 +52,25 @@ def _common(p, outputs):
                  help="don't try TP communication overlap")
   p.add_argument('--no-dp-overlap', action='store_true',
                  help="don't try DP communication overlap")
+  p.add_argument('--space', choices=S.SPACES, default='auto',
+                 help="'calculon': Calculon's space exactly; 'modern': also "
+                 'context parallelism, the four sharding levels (ZeRO-1/2/3, '
+                 'FSDP), the FlashAttention kernel, selective recomputation '
+                 "and PP degrees that do not divide the blocks; 'auto' "
+                 "(default): Calculon's for a Calculon application (no "
+                 'optional field), else modern')
+  p.add_argument('--precision-recipe', choices=PRECISION_RECIPE_NAMES,
+                 default=None, help='modern space: precision recipe of '
+                 "every candidate (default: 'transformer_engine' for float8 "
+                 "and float4, else 'uniform')")
+  p.add_argument('--gradient-datatype', default='float32',
+                 choices=('float32', 'bfloat16', 'float16', 'calculon'),
+                 help='modern space: gradients kept and reduced in this '
+                 "datatype (default float32, as Megatron-LM; 'calculon': in "
+                 'the datatype, with an fp32 accumulation buffer)')
+  p.add_argument('--no-prune', action='store_true',
+                 help='modern space: price every execution (no branch and '
+                 'bound; same result, slower)')
 
 
 def add_parsers(sp):
@@ -83,11 +102,16 @@ def _spec(args):
   app = io.load_application(args.application)
   system = io.load_system(args.system)
   system.check_datatype(args.datatype)
+  grads = None if args.gradient_datatype == 'calculon' \
+    else args.gradient_datatype
   return S.SearchSpec(app, system, args.num_procs, args.max_batch_size,
                       args.datatype, list(args.fused_activation),
                       mbs_break=args.mbs_break,
                       allow_tp_overlap=not args.no_tp_overlap,
-                      allow_dp_overlap=not args.no_dp_overlap)
+                      allow_dp_overlap=not args.no_dp_overlap,
+                      space=args.space,
+                      precision_recipe=args.precision_recipe,
+                      gradient_datatype=grads, prune=not args.no_prune)
 
 
 class _Progress:
@@ -109,11 +133,15 @@ class _Progress:
       self.bar.close()
 
 
-def _summary(log, total, evaluated, feasible, reasons, elapsed_s, mbs_break):
+def _summary(log, total, evaluated, feasible, reasons, elapsed_s, mbs_break,
+             pruned=0):
   log.info(f'Total executions: {evaluated}')
   if mbs_break:
     log.info(f'Executions in the space: {total} ({total - evaluated} skipped '
              'by -m)')
+  if pruned:
+    log.info(f'Executions in the space: {total} ({pruned} proven slower than '
+             'the best by the bounds, not priced)')
   log.info(f'Good executions: {feasible}')
   log.info(f'Bad executions: {evaluated - feasible}')
   for name, n in S.reason_summary(reasons).items():
@@ -133,11 +161,15 @@ def run_optimal(args, log):
     return EXIT_OK
   total = S.count_space(spec)
   progress = _Progress(total, args.quiet)
-  result = S.optimal_executions(spec, args.top_n, args.cpus,
-                                args.chunk or S.DEFAULT_CHUNK, progress)
+  log.info(f'Search space: {spec.space}')
+  result = S.optimal_executions(spec, args.top_n, args.cpus, args.chunk,
+                                progress)
   progress.close()
   _summary(log, result.total, result.evaluated, result.feasible,
-           result.reasons, result.elapsed_s, args.mbs_break)
+           result.reasons, result.elapsed_s, args.mbs_break, result.pruned)
+  if result.elapsed_s > 0:
+    log.info(f'Search rate: {result.total / result.elapsed_s:.2f} executions '
+             'of the space per second')
   if result.partial:
     log.warning('Interrupted: the results are the best found so far (partial)')
   if not result.best:
@@ -168,8 +200,9 @@ def run_all(args, log):
   partial = False
   try:
     with writer:
-      for rows, n, why in S.all_executions(spec, args.cpus,
-                                           args.chunk or S.DEFAULT_CHUNK // 4):
+      chunk = args.chunk or (S.MODERN_CHUNK if spec.modern
+                             else S.DEFAULT_CHUNK) // 4
+      for rows, n, why in S.all_executions(spec, args.cpus, chunk):
         writer.write(rows)
         seen += n
         feasible += len(rows['sample_rate'])

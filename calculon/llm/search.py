@@ -27,8 +27,9 @@ import numpy as np
 
 from calculon.config import ExecutionColumns
 from calculon.config.execution import (
-  DATATYPE_NAMES, RECOMPUTE_FULL, RECOMPUTE_NAMES, TP_COMM_NAMES,
-  TP_COMM_RS_AG, TP_OVERLAP_NAMES)
+  ATTENTION_AUTO, ATTENTION_KERNEL_NAMES, DATATYPE_NAMES, NARROW_DATATYPES,
+  PRECISION_RECIPE_NAMES, RECOMPUTE_FULL, RECOMPUTE_NAMES, SHARDING_NAMES,
+  TP_COMM_NAMES, TP_COMM_RS_AG, TP_OVERLAP_NAMES, UNSET)
 from calculon.llm import space
 from calculon.llm.model import (
   Evaluation, REASON_NAMES, OK, NON_FINITE, ENGINE_ERROR)
@@ -40,6 +41,14 @@ AXES = ('pipeline_interleaving', 'activation_recompute', 'optimizer_sharding',
         'tensor_par_overlap', 'weight_offload', 'activations_offload',
         'optimizer_offload', 'fused_activation', 'microbatch_size',
         'tensor_par_net', 'pipeline_par_net', 'data_par_net')
+#: Grid axes of the modern space: Calculon's, with the sharding level in
+#: place of optimizer_sharding, the attention kernel, and the CP tier.
+MODERN_AXES = ('pipeline_interleaving', 'activation_recompute',
+               'data_par_sharding', 'attention_kernel', 'tensor_par_comm_type',
+               'seq_par_ag_redo', 'data_par_overlap', 'tensor_par_overlap',
+               'weight_offload', 'activations_offload', 'optimizer_offload',
+               'fused_activation', 'microbatch_size', 'tensor_par_net',
+               'pipeline_par_net', 'data_par_net', 'context_par_net')
 AXIS = {name: i for i, name in enumerate(AXES)}
 #: Axes a chunk may be cut along (the -m rule needs whole microbatch and
 #: network axes inside a chunk).
@@ -47,10 +56,25 @@ CUTTABLE = AXIS['microbatch_size']
 #: Codes of the ordered option values.
 RECOMPUTE_ORDER = [RECOMPUTE_NAMES.index(n) for n in ('full', 'attn_only',
                                                       'none')]
+MODERN_RECOMPUTE_ORDER = [RECOMPUTE_NAMES.index(n) for n in (
+  'full', 'attn_only', 'selective', 'none')]
 TP_COMM_ORDER = [TP_COMM_NAMES.index(n) for n in ('ar', 'p2p_rs_ag', 'rs_ag')]
 TP_OVERLAP_ORDER = [TP_OVERLAP_NAMES.index(n) for n in ('none', 'ring',
                                                         'pipe')]
+SHARDING_ORDER = [SHARDING_NAMES.index(n) for n in (
+  'none', 'optimizer', 'gradients', 'parameters')]
+KERNEL_ORDER = [ATTENTION_KERNEL_NAMES.index(n) for n in ('standard',
+                                                          'flash')]
 DEFAULT_CHUNK = 1 << 17
+#: Chunk size of the modern space: its per-chunk work (the blocks, the
+#: embedding and the head) is larger, so larger chunks amortize it.
+MODERN_CHUNK = 1 << 19
+#: Cells of the reduced grid per task of the pruned modern search (each
+#: cell stands for up to 16 executions).
+REDUCED_CHUNK = 1 << 20
+#: Relative margin of the pruning test against rounding in the bounds.
+PRUNE_MARGIN = 1e-9
+SPACES = ('auto', 'calculon', 'modern')
 
 
 @dataclass
@@ -65,6 +89,17 @@ class SearchSpec:
       stop at the first microbatch size (ascending) with no feasible
       execution.
     allow_tp_overlap, allow_dp_overlap: try TP / DP overlap.
+    space: 'calculon' (Calculon's space exactly), 'modern' (also CP degrees
+      and tiers, the four sharding levels, the FlashAttention kernel,
+      selective recomputation, and PP degrees that do not divide the
+      blocks), or 'auto' (Calculon's for a Calculon application, else
+      modern).
+    precision_recipe, gradient_datatype: fixed execution fields of every
+      candidate of the modern space (None: 'transformer_engine' for a
+      narrow datatype, else 'uniform'; 'float32' gradients).
+    prune: skip chunks whose best possible sample rate is below the n-th
+      best found so far (exact, see :func:`chunk_rate_bound`; modern space
+      only).
   """
   app: object
   system: object
@@ -75,29 +110,55 @@ class SearchSpec:
   mbs_break: bool = False
   allow_tp_overlap: bool = True
   allow_dp_overlap: bool = True
+  space: str = 'auto'
+  precision_recipe: object = None
+  gradient_datatype: object = 'float32'
+  prune: bool = True
+
+  def __post_init__(self):
+    if self.space == 'auto':
+      self.space = 'calculon' if self.app.is_calculon else 'modern'
+    if self.precision_recipe is None:
+      self.precision_recipe = 'transformer_engine' \
+        if self.datatype in NARROW_DATATYPES else 'uniform'
+
+  @property
+  def modern(self):
+    return self.space == 'modern'
+
+  @property
+  def axes(self):
+    return MODERN_AXES if self.modern else AXES
 
 
 @dataclass
 class Group:
-  """One (TP, PP) grid: scalars and the values along each axis."""
+  """One (TP, PP, CP) grid: scalars and the values along each axis."""
   index: int
   tp: int
   pp: int
   dp: int
   batch_size: int
   values: dict      # axis name -> list of codes/values
+  cp: int = 1
+  axes: tuple = AXES
 
   @property
   def shape(self):
-    return tuple(len(self.values[a]) for a in AXES)
+    return tuple(len(self.values[a]) for a in self.axes)
 
   @property
   def size(self):
     return int(np.prod(self.shape))
 
+  @property
+  def cuttable(self):
+    """Leading axes a chunk may be cut along (not the microbatch size or
+    the network tiers after it)."""
+    return self.axes.index('microbatch_size')
 
-def groups(spec):
-  """The (TP, PP) groups of the space, in Calculon's order."""
+
+def _calculon_groups(spec):
   app, system = spec.app, spec.system
   nets = list(range(system.num_networks))
   has_mem2 = system.mem2.capacity_bytes > 0
@@ -136,8 +197,71 @@ def groups(spec):
   return out
 
 
-def _axis_array(values, axis, dtype):
-  shape = [1] * len(AXES)
+def _modern_groups(spec):
+  """(TP, PP, CP) groups of the modern space: TP divides the hidden size,
+  the heads, the feedforward width and fits the K/V heads (a multiple or a
+  divisor of them); PP up to the blocks (blocks / PP rounded up per stage);
+  CP with 2 CP dividing the sequence; DP the processors left."""
+  app, system = spec.app, spec.system
+  nets = list(range(system.num_networks))
+  has_mem2 = system.mem2.capacity_bytes > 0
+  kv = app.kv_heads
+  n = spec.num_procs
+  out = []
+  for tp in space.factors(n):
+    if app.hidden % tp or app.attn_heads % tp or app.feedforward % tp:
+      continue
+    if kv is not None and kv % tp and tp % kv:
+      continue
+    for pp in space.factors(n // tp):
+      if pp > app.num_blocks:
+        continue
+      for cp in space.factors(n // (tp * pp)):
+        if cp > 1 and app.seq_size % (2 * cp):
+          continue
+        dp = n // (tp * pp * cp)
+        batch = space.batch_size_for(dp, spec.max_batch_size)
+        if batch is None:
+          continue
+        seq = app.seq_size // cp
+        mbs = [c for c in space.factors(batch // dp) if (c * seq) % tp == 0]
+        bpp = -(-app.num_blocks // pp)
+        tf = [True, False]
+        dpcp = dp * cp
+        values = {
+          'pipeline_interleaving': space.factors(bpp) if pp > 1 else [1],
+          'activation_recompute': MODERN_RECOMPUTE_ORDER,
+          'data_par_sharding': SHARDING_ORDER if dpcp > 1
+          else SHARDING_ORDER[:1],
+          'attention_kernel': KERNEL_ORDER,
+          'tensor_par_comm_type': TP_COMM_ORDER,
+          'seq_par_ag_redo': tf,
+          'data_par_overlap': tf if dpcp > 1 and spec.allow_dp_overlap
+          else [False],
+          'tensor_par_overlap': TP_OVERLAP_ORDER
+          if tp > 1 and spec.allow_tp_overlap else TP_OVERLAP_ORDER[:1],
+          'weight_offload': tf if has_mem2 else [False],
+          'activations_offload': tf if has_mem2 else [False],
+          'optimizer_offload': tf if has_mem2 else [False],
+          'fused_activation': list(spec.fused_activation),
+          'microbatch_size': mbs,
+          'tensor_par_net': nets if tp > 1 else [0],
+          'pipeline_par_net': nets if pp > 1 else [0],
+          'data_par_net': nets if dp > 1 else [0],
+          'context_par_net': nets if cp > 1 else [0],
+        }
+        out.append(Group(len(out), tp, pp, dp, batch, values, cp,
+                         MODERN_AXES))
+  return out
+
+
+def groups(spec):
+  """The (TP, PP[, CP]) groups of the space, in enumeration order."""
+  return _modern_groups(spec) if spec.modern else _calculon_groups(spec)
+
+
+def _axis_array(values, axis, dtype, naxes=len(AXES)):
+  shape = [1] * naxes
   shape[axis] = len(values)
   return np.asarray(values, dtype=dtype).reshape(shape)
 
@@ -176,7 +300,7 @@ def chunks(group, max_size=DEFAULT_CHUNK):
   if group.size == 0:
     return []
   k = 0
-  while k < CUTTABLE and int(np.prod(shape[k:])) > max_size:
+  while k < group.cuttable and int(np.prod(shape[k:])) > max_size:
     k += 1
   return [Chunk(group, tuple(int(i) for i in idx))
           for idx in np.ndindex(*shape[:k])]
@@ -185,6 +309,7 @@ def chunks(group, max_size=DEFAULT_CHUNK):
 def columns(spec, chunk):
   """:class:`ExecutionColumns` of a chunk (each axis its own dimension)."""
   g = chunk.group
+  axes = g.axes
   cols = {}
   scalars = {'num_procs': spec.num_procs, 'tensor_par': g.tp,
              'pipeline_par': g.pp, 'data_par': g.dp,
@@ -192,15 +317,24 @@ def columns(spec, chunk):
   for name, value in scalars.items():
     cols[name] = np.int64(value)
   cols['datatype'] = np.int64(DATATYPE_NAMES.index(spec.datatype))
-  cols['attention_type'] = np.int64(0)
+  cols['attention_type'] = np.int64(0 if spec.app.kv_heads is None
+                                    else ATTENTION_AUTO)
   cols['training'] = np.bool_(True)
+  if spec.modern:
+    cols['context_par'] = np.int64(g.cp)
+    cols['precision_recipe'] = np.int64(PRECISION_RECIPE_NAMES.index(
+      spec.precision_recipe))
+    cols['gradient_datatype'] = np.int64(
+      UNSET if spec.gradient_datatype is None
+      else DATATYPE_NAMES.index(spec.gradient_datatype))
+    cols['optimizer_sharding'] = None
   k = len(chunk.prefix)
-  for axis, name in enumerate(AXES):
+  for axis, name in enumerate(axes):
     values = g.values[name]
     if axis < k:
       values = [values[chunk.prefix[axis]]]
     dtype = bool if name in _BOOL_AXES else np.int64
-    cols[name] = _axis_array(values, axis, dtype)
+    cols[name] = _axis_array(values, axis, dtype, len(axes))
   return ExecutionColumns(**cols)
 
 
@@ -219,13 +353,14 @@ def valid_mask(cols):
   return redo_ok & offload_ok
 
 
-def mbs_break_mask(feasible, valid):
+def mbs_break_mask(feasible, valid, axes=AXES):
   """Calculon's -m rule on a chunk: for each combination of the options
   before the microbatch size, keep microbatch sizes before the first one
   (ascending) with no feasible execution on any network assignment."""
-  axis = AXIS['microbatch_size']
-  any_ok = feasible.any(axis=(axis + 1, axis + 2, axis + 3), keepdims=True)
-  enumerated = valid.any(axis=(axis + 1, axis + 2, axis + 3), keepdims=True)
+  axis = axes.index('microbatch_size')
+  nets = tuple(range(axis + 1, len(axes)))
+  any_ok = feasible.any(axis=nets, keepdims=True)
+  enumerated = valid.any(axis=nets, keepdims=True)
   # A combination that is not enumerated (masked) does not break.
   fails = enumerated & ~any_ok
   before = np.cumsum(fails, axis=axis) - fails == 0
@@ -243,9 +378,10 @@ class ChunkResult:
   feasible: int = 0
   reasons: dict = field(default_factory=dict)
   best: list = field(default_factory=list)
+  pruned: int = 0
 
 
-def _rate_reason(spec, chunk):
+def _rate_reason(spec, chunk, ev=None):
   """Sample rates and reason codes of a chunk (arrays of ``chunk.shape``).
 
   If evaluating the chunk raises, it is cut along its next axis and the
@@ -255,7 +391,8 @@ def _rate_reason(spec, chunk):
   """
   shape = chunk.shape
   try:
-    ev = Evaluation(spec.app, spec.system, columns(spec, chunk))
+    if ev is None:
+      ev = Evaluation(spec.app, spec.system, columns(spec, chunk))
     with np.errstate(all='ignore'):
       rate = np.broadcast_to(ev.sample_rate, shape)
       reason = np.broadcast_to(ev.reason, shape)
@@ -265,7 +402,7 @@ def _rate_reason(spec, chunk):
     return rate, reason
   except Exception as err:  # noqa: BLE001 -- isolate, count, go on
     k = len(chunk.prefix)
-    if k == len(AXES):
+    if k == len(chunk.group.axes):
       record = execution_record(spec, chunk.group, chunk.offset)
       logging.getLogger('calculon').error(
         'engine error for execution %s: %s: %s', record,
@@ -285,7 +422,7 @@ def evaluate_chunk(spec, chunk, top_n):
   feasible = (reason == OK) & valid
   considered = valid
   if spec.mbs_break:
-    considered = valid & mbs_break_mask(feasible, valid)
+    considered = valid & mbs_break_mask(feasible, valid, chunk.group.axes)
     feasible = feasible & considered
   res = ChunkResult(total=int(valid.sum()), evaluated=int(considered.sum()),
                     feasible=int(feasible.sum()))
@@ -313,6 +450,74 @@ def top_of(rate, feasible, top_n, chunk):
           for o in order]
 
 
+def _count_valid(cols, shape):
+  """Valid executions among the broadcast grid ``shape`` of ``cols``."""
+  mask = valid_mask(cols)
+  other = int(np.prod([n for n, m in zip(
+    shape, np.shape(mask) or (1,) * len(shape)) if m == 1]))
+  return int(np.sum(mask)) * other
+
+
+def evaluate_reduced_chunk(spec, chunk, top_n, threshold, group):
+  """Branch and bound on a chunk of a group's reduced grid (inner axes
+  cut to one value, :mod:`calculon.llm.prune`): bounds every cell, then
+  prices in full, over every inner combination, the cells whose bound
+  reaches ``threshold`` (the n-th best rate so far; 0: no pruning).
+
+  Returns:
+    :class:`ChunkResult` whose flat indices refer to ``group``'s full grid.
+  """
+  import itertools
+  from calculon.llm import prune as P
+  shape = chunk.shape
+  axes = group.axes
+  cols = columns(spec, chunk)
+  res = ChunkResult()
+  # Valid executions of the chunk over every inner combination.
+  for combo in itertools.product(*(group.values[a] for a in P.INNER_AXES)):
+    for name, value in zip(P.INNER_AXES, combo):
+      setattr(cols, name, np.bool_(value))
+    res.total += _count_valid(cols, shape)
+  cols = columns(spec, chunk)
+  try:
+    ev = Evaluation(spec.app, spec.system, cols)
+    with np.errstate(all='ignore'):
+      bound = np.broadcast_to(P.reduced_bound(
+        ev, len(group.values['data_par_overlap']) > 1), shape).reshape(-1)
+  except Exception:  # noqa: BLE001 -- never prune what cannot be bounded
+    bound = np.full(int(np.prod(shape)), np.inf)
+  keep = np.flatnonzero(bound * (1 + P.PRUNE_MARGIN) >= threshold)
+  if len(keep):
+    cells = np.stack(np.unravel_index(keep, shape), axis=1)
+    cells[:, :len(chunk.prefix)] += np.asarray(chunk.prefix, dtype=np.int64)
+    survivors = P.expand(cells, group, axes)
+    base = columns(spec, Chunk(group, ()))
+    for start in range(0, len(survivors), P.FLAT_BATCH):
+      part = survivors[start:start + P.FLAT_BATCH]
+      pcols = P.flat_columns(spec, group, part, base)
+      valid = np.broadcast_to(valid_mask(pcols), (len(part),))
+      if not valid.all():
+        part = part[valid]
+        pcols = P.flat_columns(spec, group, part, base)
+      if not len(part):
+        continue
+      rate, reason = P.price_flat(spec, pcols)
+      feasible = reason == OK
+      res.evaluated += len(part)
+      res.feasible += int(feasible.sum())
+      codes, n = np.unique(reason[~feasible], return_counts=True)
+      for c, m in zip(codes, n):
+        res.reasons[int(c)] = res.reasons.get(int(c), 0) + int(m)
+      if feasible.any():
+        flat = np.ravel_multi_index(part[feasible].T, group.shape)
+        vals = rate[feasible]
+        order = np.lexsort((flat, -vals))[:top_n]
+        res.best = merge_best(res.best, [
+          (float(vals[o]), group.index, int(flat[o])) for o in order], top_n)
+  res.pruned = res.total - res.evaluated
+  return res
+
+
 def merge_best(best, more, top_n):
   """Merges two best lists (rate desc, then enumeration order)."""
   merged = sorted(best + more, key=lambda t: (-t[0], t[1], t[2]))
@@ -320,33 +525,12 @@ def merge_best(best, more, top_n):
 
 
 def execution_record(spec, group, flat):
-  """The execution (Calculon JSON dict) at ``flat`` in ``group``'s grid."""
+  """The execution (JSON dict) at ``flat`` in ``group``'s grid: Calculon's
+  23 fields, and in the modern space the optional fields that differ from
+  their default."""
   idx = np.unravel_index(flat, group.shape)
-  rec = {'num_procs': spec.num_procs, 'tensor_par': group.tp,
-         'pipeline_par': group.pp, 'data_par': group.dp}
-  vals = {name: group.values[name][int(i)] for name, i in zip(AXES, idx)}
-  rec.update({
-    'tensor_par_net': int(vals['tensor_par_net']),
-    'pipeline_par_net': int(vals['pipeline_par_net']),
-    'data_par_net': int(vals['data_par_net']),
-    'batch_size': group.batch_size,
-    'microbatch_size': int(vals['microbatch_size']),
-    'datatype': spec.datatype,
-    'fused_activation': bool(vals['fused_activation']),
-    'attention_type': 'multihead',
-    'activation_recompute': RECOMPUTE_NAMES[vals['activation_recompute']],
-    'pipeline_interleaving': int(vals['pipeline_interleaving']),
-    'optimizer_sharding': bool(vals['optimizer_sharding']),
-    'tensor_par_comm_type': TP_COMM_NAMES[vals['tensor_par_comm_type']],
-    'tensor_par_overlap': TP_OVERLAP_NAMES[vals['tensor_par_overlap']],
-    'seq_par_ag_redo': bool(vals['seq_par_ag_redo']),
-    'data_par_overlap': bool(vals['data_par_overlap']),
-    'weight_offload': bool(vals['weight_offload']),
-    'activations_offload': bool(vals['activations_offload']),
-    'optimizer_offload': bool(vals['optimizer_offload']),
-    'training': True,
-  })
-  return rec
+  chunk = Chunk(group, tuple(int(i) for i in idx))
+  return columns(spec, chunk).record((0,) * len(group.axes))
 
 
 def valid_count(spec, group):
@@ -395,6 +579,7 @@ class SearchResult:
   elapsed_s: float
   partial: bool
   groups: list
+  pruned: int = 0
 
   @property
   def rate_per_s(self):
@@ -405,8 +590,9 @@ class SearchResult:
 _WORKER = {}
 
 
-def _setup(spec, groups_, top_n, chunk_size):
-  _WORKER.update(spec=spec, groups=groups_, top_n=top_n, chunk=chunk_size)
+def _setup(spec, groups_, top_n, chunk_size, threshold=None):
+  _WORKER.update(spec=spec, groups=groups_, top_n=top_n, chunk=chunk_size,
+                 threshold=threshold)
 
 
 def _best_task(task):
@@ -415,47 +601,150 @@ def _best_task(task):
   return evaluate_chunk(spec, Chunk(g, prefix), _WORKER['top_n'])
 
 
+def reduced_group(group):
+  """The group with its inner axes (:data:`prune.INNER_AXES`) cut to one
+  value: the grid the level-2 bound is computed on."""
+  from calculon.llm.prune import reduced_values
+  return Group(group.index, group.tp, group.pp, group.dp, group.batch_size,
+               reduced_values(group), group.cp, group.axes)
+
+
+def _bound_task(task):
+  gi, prefix = task
+  spec, g = _WORKER['spec'], _WORKER['groups'][gi]
+  shared = _WORKER.get('threshold')
+  threshold = shared.value if shared is not None else 0.0
+  return evaluate_reduced_chunk(spec, Chunk(reduced_group(g), prefix),
+                                _WORKER['top_n'], threshold, g)
+
+
+def _group_bound_task(gi):
+  from calculon.llm.prune import max_bound, rate_bound
+  spec, g = _WORKER['spec'], _WORKER['groups'][gi]
+  if g.size == 0:
+    return -np.inf
+  try:
+    with np.errstate(all='ignore'):
+      ev = Evaluation(spec.app, spec.system,
+                      columns(spec, Chunk(reduced_group(g), ())))
+      return max_bound(rate_bound(ev))
+  except Exception:  # noqa: BLE001 -- never prune what cannot be bounded
+    return np.inf
+
+
 def tasks_of(groups_, chunk_size):
   """(group index, chunk prefix) of every chunk, in enumeration order."""
   return [(g.index, c.prefix) for g in groups_ for c in chunks(g, chunk_size)]
 
 
-def optimal_executions(spec, top_n=1, workers=1, chunk_size=DEFAULT_CHUNK,
+class _Threshold:
+  """The n-th best rate so far, shared with worker processes (a
+  multiprocessing value) or kept here."""
+
+  def __init__(self, workers):
+    self.shared = None
+    self.local = 0.0
+    if workers > 1:
+      from calculon.parallel import _context
+      self.shared = _context().Value('d', 0.0, lock=False)
+    else:
+      self.shared = _LocalValue()
+
+  @property
+  def value(self):
+    return self.shared.value
+
+  def set(self, value):
+    self.shared.value = value
+
+
+class _LocalValue:
+  value = 0.0
+
+
+def optimal_executions(spec, top_n=1, workers=1, chunk_size=None,
                        on_progress=None):
   """Searches the whole space and keeps the ``top_n`` fastest executions.
 
   Memory is O(top_n + chunk) per process.  Ctrl-C (KeyboardInterrupt) stops
   the search and returns what was found, with ``partial=True``.
 
+  In the modern space (``spec.prune``, not with -m) the search is branch
+  and bound (:mod:`calculon.llm.prune`): groups are searched in order of a
+  level-1 bound and skipped when it is below the n-th best rate found so
+  far; within a group, a level-2 bound per cell of the reduced grid decides
+  which cells are priced in full.  The bounds never underestimate a rate,
+  so the top-n is exactly the exhaustive one (ties keep enumeration order,
+  as without pruning).
+
   Args:
     spec: :class:`SearchSpec`.
     top_n: how many best executions to keep.
     workers: processes.
-    chunk_size: maximum executions per chunk.
+    chunk_size: maximum executions per chunk (default: DEFAULT_CHUNK, or
+      for the pruned modern search cells of the reduced grid per task).
     on_progress: called with the number of executions of each finished chunk.
   """
   import time
   start = time.perf_counter()
   groups_ = groups(spec)
-  total = sum(valid_count(spec, g) for g in groups_)
+  counts = {g.index: valid_count(spec, g) for g in groups_}
+  total = sum(counts.values())
   best, evaluated, feasible, reasons = [], 0, 0, {}
+  pruned = 0
   partial = False
+  prune = spec.modern and spec.prune and not spec.mbs_break
+  if chunk_size is None:
+    chunk_size = REDUCED_CHUNK if prune else (
+      MODERN_CHUNK if spec.modern else DEFAULT_CHUNK)
+  threshold = _Threshold(workers) if prune else None
+  order = groups_
+  group_bound = {}
+  if prune:
+    bounds = list(imap(_group_bound_task, [g.index for g in groups_],
+                       workers, initializer=_setup,
+                       initargs=(spec, groups_, top_n, chunk_size)))
+    order = [groups_[i] for i in np.argsort(-np.asarray(bounds),
+                                            kind='stable')]
+    group_bound = dict(zip([g.index for g in groups_], bounds))
+
+  def tasks():
+    nonlocal pruned
+    for g in order:
+      if not prune:
+        for c in chunks(g, chunk_size):
+          yield (g.index, c.prefix)
+        continue
+      if threshold.value > 0 and \
+          group_bound[g.index] * (1 + PRUNE_MARGIN) < threshold.value:
+        pruned += counts[g.index]
+        if on_progress is not None:
+          on_progress(counts[g.index])
+        continue
+      for c in chunks(reduced_group(g), chunk_size):
+        yield (g.index, c.prefix)
+
   try:
-    for res in imap(_best_task, tasks_of(groups_, chunk_size), workers,
+    for res in imap(_bound_task if prune else _best_task, tasks(), workers,
                     initializer=_setup,
-                    initargs=(spec, groups_, top_n, chunk_size),
+                    initargs=(spec, groups_, top_n, chunk_size,
+                              threshold.shared if prune and workers > 1
+                              else (threshold.shared if prune else None)),
                     ordered=False):
       best = merge_best(best, res.best, top_n)
       evaluated += res.evaluated
       feasible += res.feasible
+      pruned += res.pruned
       for code, n in res.reasons.items():
         reasons[code] = reasons.get(code, 0) + n
+      if prune and len(best) >= top_n:
+        threshold.set(best[top_n - 1][0])
       if on_progress is not None:
         on_progress(res.total)
   except KeyboardInterrupt:
     partial = True
   return SearchResult(best, total, evaluated, feasible, reasons,
-                      time.perf_counter() - start, partial, groups_)
+                      time.perf_counter() - start, partial, groups_, pruned)
 
 
 def _rows_task(task):
@@ -495,7 +784,7 @@ def chunk_rows(spec, chunk):
         out[name] = arr[keep]
   except Exception:  # noqa: BLE001 -- isolate the failing executions
     k = len(chunk.prefix)
-    if k == len(AXES):
+    if k == len(chunk.group.axes):
       _rate_reason(spec, chunk)  # logs the error
       return {}, int(valid.sum()), ({ENGINE_ERROR: 1} if valid.all() else {})
     out, n, why = {}, 0, {}
