@@ -8,7 +8,13 @@ Usage (from the repository root):
 
 (a) the README search: Turing-530B on 5,128 A100s, batch 2,520, -m;
 (b) the full GPT-3 175B search on 1,024 A100s, batch 1,536, float16, no -m
-    (11,698,528 executions).
+    (11,698,528 executions);
+(c) the modern space priced exhaustively (--no-prune): Llama 3 8B on 64
+    H100s, batch 256 (64,548,576 executions): the engine's raw speed;
+(d) the full modern search of Llama 3.1 405B on 16,384 H100s, batch 2,048
+    (16M tokens), float8 with Transformer Engine: every TP, PP, CP, DP,
+    sharding level, kernel and the rest (0.9 billion executions), with the
+    exact branch and bound.
 
 Each runs `python -m calculon llm-optimal-execution` in a subprocess; wall
 time is the whole command (start-up included); peak memory is the largest
@@ -34,6 +40,12 @@ CASES = {
   'b': ('GPT-3 175B, 1,024 A100, batch 1,536, full space',
         ['models/gpt3-175B.json', '1024', '1536', 'float16',
          'systems/a100_80g.json', '-t', '5']),
+  'c': ('Llama 3 8B, 64 H100, modern space, no pruning',
+        ['models/llama3-8B.json', '64', '256', 'float16',
+         'systems/h100_80g_nvl8.json', '-t', '5', '--no-prune']),
+  'd': ('Llama 3.1 405B, 16,384 H100, modern space (pruned)',
+        ['models/llama3.1-405B.json', '16384', '2048', 'float8',
+         'systems/h100_80g_nvl8.json', '-t', '5']),
 }
 
 
@@ -72,6 +84,9 @@ def run(key, cpus):
       raise SystemExit(f'{label} failed:\n{log}')
     same = single_run_matches(args[0], args[4], output)
   total = int(re.search(r'Total executions: (\d+)', log).group(1))
+  space = re.search(r'Executions in the space: (\d+)', log)
+  if space:
+    total = int(space.group(1))
   best = float(re.search(r'Best sample rate: ([\d.e+-]+)', log).group(1))
   inner = float(re.search(r'calcs/sec \(([\d.]+) s\)', log).group(1))
   return dict(label=label, executions=total, wall_s=wall, search_s=inner,

@@ -29,6 +29,7 @@ TIME_PARTS = (
   ('backward offload (exposed)', 'bw_offload_exposed_time'),
   ('CP ring (exposed)', 'cp_comm_exposed_time'),
   ('FSDP communication (exposed)', 'fsdp_comm_exposed_time'),
+  ('EP dispatch/combine (exposed)', 'ep_comm_exposed_time'),
   ('embedding, LM head and loss', 'embedding_lm_head_time'),
 )
 #: (label, extra-statistic prefix) of the memory kinds.
@@ -179,7 +180,9 @@ def header_lines(data):
           f'{exe.pipeline_interleaving}')
   options = [f'{k} {v}' for k, v in exe.to_dict().items()
              if k in ('data_par_sharding', 'attention_kernel',
-                      'precision_recipe', 'gradient_datatype')]
+                      'precision_recipe', 'gradient_datatype', 'expert_par',
+                      'expert_tensor_par', 'moe_dispatcher',
+                      'moe_comm_overlap', 'expert_imbalance')]
   lines = [model]
   if modern:
     lines.append('  ' + ', '.join(modern))
@@ -219,7 +222,8 @@ def text_report(data, layers=True):
           f"DP {data.stats['dp_comm_link_time']:.4f}, "
           f"TP redo {data.stats['recomm_link_time']:.4f}")
   for label, key in (('CP', 'cp_comm_link_time'),
-                     ('FSDP', 'fsdp_comm_link_time')):
+                     ('FSDP', 'fsdp_comm_link_time'),
+                     ('EP', 'ep_comm_link_time')):
     if data.stats.get(key):
       link += f', {label} {data.stats[key]:.4f}'
   lines += ['', 'Communication on the link (s): ' + link]

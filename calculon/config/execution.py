@@ -37,6 +37,8 @@ TP_OVERLAP_NAMES = ('none', 'ring', 'pipe')
 SHARDING_NAMES = ('none', 'optimizer', 'gradients', 'parameters')
 ATTENTION_KERNEL_NAMES = ('standard', 'flash')
 PRECISION_RECIPE_NAMES = ('uniform', 'transformer_engine')
+DISPATCHER_NAMES = ('alltoall', 'allgather')
+MOE_OVERLAP_NAMES = ('none', 'shared_experts', 'compute')
 
 # Codes used by the engine.
 RECOMPUTE_NONE, RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_SELECTIVE = \
@@ -48,6 +50,8 @@ ATTENTION_AUTO, ATTENTION_MULTIHEAD, ATTENTION_MULTIQUERY, \
 SHARD_NONE, SHARD_OPTIMIZER, SHARD_GRADIENTS, SHARD_PARAMETERS = 0, 1, 2, 3
 KERNEL_STANDARD, KERNEL_FLASH = 0, 1
 RECIPE_UNIFORM, RECIPE_TE = 0, 1
+DISPATCH_ALLTOALL, DISPATCH_ALLGATHER = 0, 1
+MOE_OVERLAP_NONE, MOE_OVERLAP_SHARED, MOE_OVERLAP_COMPUTE = 0, 1, 2
 #: Code of an optional categorical field left out (``attention_type``:
 #: as the application's kv_heads say; ``gradient_datatype``: Calculon's).
 UNSET = -1
@@ -104,6 +108,14 @@ OPTIONAL_SPECS = {
   'gradient_datatype': (Spec('str', choices=('float32', 'bfloat16',
                                              'float16')), DATATYPE_NAMES,
                         None),
+  'expert_par': (_INT1, None, 1),
+  'expert_par_net': (_INT0, None, 0),
+  'expert_tensor_par': (_INT1, None, 1),
+  'moe_dispatcher': (Spec('str', choices=DISPATCHER_NAMES), DISPATCHER_NAMES,
+                     'alltoall'),
+  'moe_comm_overlap': (Spec('str', choices=MOE_OVERLAP_NAMES),
+                       MOE_OVERLAP_NAMES, 'none'),
+  'expert_imbalance': (Spec('number', lo=1), None, 1.0),
 }
 #: Calculon fields that new-style executions may leave out, with what their
 #: absence means (attention_type: as the application's kv_heads say;
@@ -154,7 +166,16 @@ class Execution:
   everything in ``datatype``, Calculon; 'transformer_engine': only the
   linear layers' GEMMs in the narrow ``datatype``, the rest in bfloat16);
   gradient_datatype (precision of the gradients kept and reduced; absent:
-  Calculon's).  ``attention_type`` and ``optimizer_sharding`` may be left
+  Calculon's); Mixture-of-Experts: expert_par (EP, experts split over EP
+  ranks folded into TP x DP x CP, Megatron-Core "MoE parallel folding"),
+  expert_par_net (its tier), expert_tensor_par (ETP: TP inside an expert;
+  absent 1, Megatron-Core's default), moe_dispatcher ('alltoall' or
+  'allgather'), moe_comm_overlap ('none', 'shared_experts': the dispatch
+  and combine hide behind the shared experts, Megatron-Core
+  --moe-shared-expert-overlap; 'compute': behind the rest of the block's
+  compute, as with Megatron-Core --overlap-moe-expert-parallel-comm or
+  DeepSeek-V3's DualPipe), expert_imbalance (tokens of the busiest expert
+  over the average, >= 1: the step waits for the slowest rank).  ``attention_type`` and ``optimizer_sharding`` may be left
   out when the application's ``kv_heads`` / ``data_par_sharding`` say.
   """
   num_procs: int
@@ -186,6 +207,12 @@ class Execution:
   attention_kernel: str = 'standard'
   precision_recipe: str = 'uniform'
   gradient_datatype: object = None
+  expert_par: int = 1
+  expert_par_net: int = 0
+  expert_tensor_par: int = 1
+  moe_dispatcher: str = 'alltoall'
+  moe_comm_overlap: str = 'none'
+  expert_imbalance: float = 1.0
 
   @classmethod
   def from_dict(cls, cfg, source='<execution>'):
@@ -246,6 +273,10 @@ def _resolve_sharding_flag(record):
   return dict(record, optimizer_sharding=level not in (None, 'none'))
 
 
+def _kind_dtype(spec):
+  return np.float64 if spec.kind == 'number' else np.int64
+
+
 def _code(names, value):
   return UNSET if value is None else names.index(value)
 
@@ -271,7 +302,8 @@ class ExecutionColumns:
     for name, (spec, names, default) in OPTIONAL_SPECS.items():
       value = columns.get(name)
       if value is None:
-        value = np.int64(default if names is None else _code(names, default))
+        value = np.float64(default) if spec.kind == 'number' else \
+          np.int64(default if names is None else _code(names, default))
       setattr(self, name, value)
     if self.optimizer_sharding is None:
       self.optimizer_sharding = np.asarray(
@@ -317,7 +349,7 @@ class ExecutionColumns:
         cols[name] = np.array([_code(names, v) for v in vals],
                               dtype=np.int64)
       else:
-        cols[name] = np.array(vals, dtype=np.int64)
+        cols[name] = np.array(vals, dtype=_kind_dtype(spec))
     return cls(**cols)
 
   @classmethod
@@ -370,6 +402,13 @@ class ExecutionColumns:
                              dtype=bool)
           arr = np.where(is_bool, obj, False).astype(bool)
           bad = ~is_bool
+      elif spec.kind == 'number':
+        obj = raw.astype(object)
+        if optional:
+          obj = np.where(absent, default, obj)
+        ok = np.array([spec.accepts(v) for v in obj], dtype=bool)
+        arr = np.where(ok, obj, default).astype(np.float64)
+        bad = ~ok
       else:
         if raw.dtype.kind in 'iu':
           arr = raw.astype(np.int64)
@@ -412,7 +451,7 @@ class ExecutionColumns:
         out[name] = int(value)
     for name, (spec, names, default) in OPTIONAL_SPECS.items():
       value = np.broadcast_to(getattr(self, name), self.shape)[index]
-      value = int(value)
+      value = float(value) if spec.kind == 'number' else int(value)
       if names is not None:
         value = None if value == UNSET else names[value]
       if value != default:
@@ -522,6 +561,16 @@ RULES = (
        lambda c, i: f"= {show(SHARDING_NAMES[_v(c, 'data_par_sharding', i)])}"
        ' is not allowed: sharding over data parallelism exists only when '
        'training; use "none"'),
+  Rule('expert_par',
+       lambda c: (c.tensor_par * c.data_par * c.context_par) % (
+         c.expert_par * c.expert_tensor_par) != 0,
+       lambda c, i: f"= {_v(c, 'expert_par', i)} is not allowed: "
+       'expert_par * expert_tensor_par = '
+       f"{_v(c, 'expert_par', i) * _v(c, 'expert_tensor_par', i)} must divide "
+       'tensor_par * data_par * context_par = '
+       f"{_v(c, 'tensor_par', i) * _v(c, 'data_par', i) * _v(c, 'context_par', i)}"
+       ' (experts are folded onto the TP x DP x CP ranks of a pipeline stage, '
+       'Megatron-Core MoE parallel folding)'),
   Rule('precision_recipe',
        lambda c: (c.precision_recipe == RECIPE_TE) & (
          (c.datatype != DATATYPE_NAMES.index('float8')) &

@@ -16,7 +16,7 @@ from calculon.llm.layers import (
   flag, negate, where, BatchMatMul, CrossEntropy, DropOut, ElementWise,
   EmbeddingLookup, FlashAttention, Fork, GeLU, LayerNorm, Linear,
   LinearOverlapped, RMSNorm, RoPE, SoftMax, SwiGLU, TPComm,
-  causal_tile_fraction)
+  causal_tile_fraction, ExpertComm, GroupedLinear)
 
 
 def _mask(cond):
@@ -68,8 +68,9 @@ class Shape:
                                      -(-g // tp) * d))
 
 
-def build_block(app, exe, ctx):
-  """The layers of one block for executions ``exe``.
+def build_block(app, exe, ctx, moe=False):
+  """The layers of one block for executions ``exe`` (``moe``: a block whose
+  MLP is a Mixture-of-Experts layer, see :func:`_moe_mlp`).
 
   Args:
     app: the :class:`~calculon.config.Application`.
@@ -130,6 +131,8 @@ def build_block(app, exe, ctx):
       return
     layer = layer_cls(name, ctx, *args, present=present, **kw)
     layer.core = core
+    layer.part = 'shared' if name.startswith('Shared_') else (
+      'experts' if name.startswith('Moe_Experts') else None)
     layers.append(layer)
 
   # -- attention ---------------------------------------------------------------
@@ -137,12 +140,19 @@ def build_block(app, exe, ctx):
       activation_stored=True)
   add(norm_cls, f'AttnBlock_{norm_name}', act_in, h, recompute=full,
       activation_stored=False, activation_reused=True)
+  if app.is_mla:
+    # Multi-head latent attention projections use plain TP (no overlap).
+    plain, overlap = np.bool_(True), np.bool_(False)
+    kv_sharded = np.bool_(True)
   add(TPComm, 'AttnBlock_F', act, False, recomm=attn_recomm, present=plain)
+  if app.is_mla:
+    _mla_projections(app, add, shape, norm_cls, full, attn_recomm, tp)
   add(Fork, 'AttnBlock_Multihead_Fork', act, 3, recompute=attn_recomm,
-      activation_stored=~attn_recomm, present=plain)
+      activation_stored=~attn_recomm,
+      present=False if app.is_mla else plain)
   add(Linear, 'AttnBlock_Query', batch_seq, h, qkv_width // tp,
       recompute=full, activation_stored=False, activation_reused=True,
-      present=plain)
+      present=False if app.is_mla else plain)
   add(LinearOverlapped, 'AttnBlock_QKV_AG', batch_seq, h,
       qkv_width + 2 * shape.kv_total, False, recompute=full,
       recomm=attn_recomm, present=overlap & kv_sharded)
@@ -153,8 +163,11 @@ def build_block(app, exe, ctx):
   for name in ('AttnBlock_Key', 'AttnBlock_Value'):
     add(Linear, name, batch_seq, h, shape.kv_local, recompute=full,
         activation_stored=False, activation_reused=True,
-        present=plain | ~kv_sharded)
-  if app.pos_embedding == 'rope':
+        present=False if app.is_mla else (plain | ~kv_sharded))
+  if app.is_mla:
+    rope = heads // tp * app.qk_rope_head_dim + app.qk_rope_head_dim
+    add(RoPE, 'AttnBlock_RoPE', batch_seq * rope, recompute=full)
+  elif app.pos_embedding == 'rope':
     add(RoPE, 'AttnBlock_RoPE', batch_seq * (qkv_width // tp +
                                              shape.kv_local), recompute=full)
   heads_local = mbs * heads // tp
@@ -166,14 +179,17 @@ def build_block(app, exe, ctx):
       output_stored=~attn_re, present=standard, core=True)
   add(DropOut, 'AttnBlock_Multihead_DropOut', scores, recompute=attn_re,
       activation_stored=~attn_re, present=standard & dropout, core=True)
+  v_size = app.v_head_dim if app.is_mla else qkv_width // heads
+  kv_elems = mbs * s_q * heads // tp * (head_size + v_size) if app.is_mla \
+    else 2 * mbs * s_q * shape.kv_local
   add(BatchMatMul, 'AttnBlock_Multihead_Attn', heads_local, s_q, s_k,
-      qkv_width // heads, recompute=full, present=standard, core=True)
+      v_size, recompute=full, present=standard, core=True)
   add(FlashAttention, 'AttnBlock_FlashAttention', heads_local, s_q, s_k,
-      head_size, qkv_width // heads, 2 * mbs * s_q * shape.kv_local,
-      causal_tile_fraction(app.seq_size), recompute=attn_re,
-      activation_stored=~attn_re, present=flash, core=True)
-  add(Linear, 'AttnBlock_MLP', batch_seq, qkv_width // tp, h, recompute=full,
-      present=plain)
+      head_size, v_size, kv_elems, causal_tile_fraction(app.seq_size),
+      recompute=attn_re, activation_stored=~attn_re, present=flash,
+      core=True)
+  add(Linear, 'AttnBlock_MLP', batch_seq, heads * v_size // tp, h,
+      recompute=full, present=plain)
   add(TPComm, 'AttnBlock_G', act, True, recomm=full, activation_stored=False,
       present=False if parallel else plain)
   add(LinearOverlapped, 'AttnBlock_MLP_RS', batch_seq, qkv_width, h, True,
@@ -183,6 +199,11 @@ def build_block(app, exe, ctx):
         present=dropout)
     add(ElementWise, 'AttnBlock_Residual', act_in, act_in, recompute=full,
         activation_stored=False, activation_reused=True)
+
+  if moe:
+    _moe_mlp(app, exe, ctx, add, shape, norm_cls, norm_name, full, parallel,
+             dropout)
+    return layers
 
   # -- MLP ---------------------------------------------------------------------
   ff = app.feedforward
@@ -219,6 +240,128 @@ def build_block(app, exe, ctx):
   add(ElementWise, 'MlpBlock_Residual', act_in, act_in, recompute=full,
       activation_stored=False, activation_reused=True)
   return layers
+
+
+def _mla_projections(app, add, shape, norm_cls, full, recomm, tp):
+  """Multi-head latent attention projections (DeepSeek-AI 2024,
+  "DeepSeek-V2", section 2.1.2; Megatron-Core ``MLASelfAttention``): the
+  down projections (h -> q_lora_rank and h -> kv_lora_rank + rope dim) are
+  replicated over TP, their RMSNorms too, the up projections (to heads x
+  (nope + rope) for queries, heads x (nope + v) for keys and values) are
+  split over TP like Q/K/V."""
+  h, bs = app.hidden, shape.batch_seq
+  a = app.attn_heads
+  dn, dr, dv = app.qk_nope_head_dim, app.qk_rope_head_dim, app.v_head_dim
+  add(Fork, 'AttnBlock_MLA_Fork', shape.act, 2, recompute=recomm,
+      activation_stored=negate(flag(recomm)))
+  if app.q_lora_rank is not None:
+    r = app.q_lora_rank
+    add(Linear, 'AttnBlock_Q_Down', bs, h, r, recompute=full,
+        activation_stored=False, activation_reused=True)
+    add(norm_cls, 'AttnBlock_Q_Norm', bs * r, r, recompute=full)
+    add(Linear, 'AttnBlock_Q_Up', bs, r, a * (dn + dr) // tp, recompute=full)
+  else:
+    add(Linear, 'AttnBlock_Query', bs, h, a * (dn + dr) // tp,
+        recompute=full, activation_stored=False, activation_reused=True)
+  r = app.kv_lora_rank
+  add(Linear, 'AttnBlock_KV_Down', bs, h, r + dr, recompute=full,
+      activation_stored=False, activation_reused=True)
+  add(norm_cls, 'AttnBlock_KV_Norm', bs * r, r, recompute=full)
+  add(Linear, 'AttnBlock_KV_Up', bs, r, a * (dn + dv) // tp, recompute=full)
+
+
+def _moe_mlp(app, exe, ctx, add, shape, norm_cls, norm_name, full, parallel,
+             dropout):
+  """The MLP part of a Mixture-of-Experts block (Megatron-Core
+  ``MoELayer``; Fedus et al. 2022 "Switch Transformers" and Lepikhin et al.
+  2020 "GShard" for routing, capacity and dispatch).
+
+  Each TP rank routes its share of the tokens (sequence-parallel split,
+  b s / TP; with tensor_par 1, all): router GEMM h x E and top-k; dispatch
+  among the EP ranks (all-to-all, or all-gather with the allgather
+  dispatcher); E / EP local experts run grouped GEMMs on the tokens routed
+  to them, split over ETP ranks (their tokens gathered over ETP first); the
+  combine mirrors the dispatch; the weighted sum of the k expert outputs.
+  Balanced routing gives each expert tokens x k x EP x ETP / E tokens; the
+  busiest one ``expert_imbalance`` times that (the step waits for it); with
+  ``capacity_factor`` every expert computes exactly its capacity
+  ceil(... x factor), padded.  Shared experts are a dense MLP of their
+  total width, split over TP as the dense MLP is.
+  """
+  from calculon.config.execution import (
+    DISPATCH_ALLGATHER)
+  tp, h = ctx.tp, app.hidden
+  E, k = app.num_experts, app.top_k
+  ep, etp = exe.expert_par, exe.expert_tensor_par
+  tokens = _scalar(np.where(tp > 1, shape.batch_seq // tp, shape.batch_seq))
+  fair = tokens * k * ep * etp / E
+  if app.capacity_factor is not None:
+    per_expert = np.ceil(fair * app.capacity_factor)
+  else:
+    per_expert = np.ceil(fair * exe.expert_imbalance)
+  per_expert = _scalar(per_expert)
+  local = E // ep
+  width = app.moe_ffn_hidden // etp
+  up = 2 * width if app.gated else width
+  allgather = exe.moe_dispatcher == DISPATCH_ALLGATHER
+  alltoall = ~allgather
+  tier = exe.expert_par_net
+
+  act_in, act = shape.act_in, shape.act
+  if not parallel:
+    add(Fork, 'MlpBlock_Fork', act_in, 2, recompute=full,
+        activation_stored=True)
+  add(norm_cls, f'MlpBlock_{norm_name}', act_in, h, recompute=full,
+      activation_stored=False, activation_reused=True)
+  shared = app.shared_ffn
+  add(Fork, 'Moe_Fork', tokens * h, 3 if shared else 2, recompute=full,
+      activation_stored=True)
+  add(Linear, 'Moe_Router', tokens, h, E, narrow=False, recompute=full,
+      activation_stored=False, activation_reused=True)
+  add(SoftMax, 'Moe_RouterTopK', tokens * E, recompute=full)
+  add(ElementWise, 'Moe_Permute', tokens * k * h, tokens * h, recompute=full,
+      activation_stored=False)
+  dispatched = tokens * k * h
+  add(ExpertComm, 'Moe_Dispatch', dispatched, ep, tier, 'all_to_all',
+      recompute=full, present=alltoall)
+  add(ExpertComm, 'Moe_Dispatch_AG', tokens * h * ep, ep, tier, 'all_gather',
+      recompute=full, present=allgather)
+  add(ExpertComm, 'Moe_Dispatch_ETP', local * per_expert * h, etp,
+      ctx.tp_tier, 'all_gather', recompute=full, present=etp > 1)
+  add(GroupedLinear, 'Moe_Experts_Mlp1', local, per_expert, h, up,
+      recompute=full)
+  act_size = local * per_expert * width
+  if app.gated:
+    add(SwiGLU, 'Moe_Experts_SwiGLU', act_size, exe.fused_activation,
+        recompute=full)
+  else:
+    add(GeLU, 'Moe_Experts_GeLU', act_size, exe.fused_activation,
+        recompute=full)
+  add(GroupedLinear, 'Moe_Experts_Mlp2', local, per_expert, width, h,
+      recompute=full)
+  add(ExpertComm, 'Moe_Combine_ETP', local * per_expert * h, etp,
+      ctx.tp_tier, 'reduce_scatter', recompute=full, present=etp > 1)
+  add(ExpertComm, 'Moe_Combine', dispatched, ep, tier, 'all_to_all',
+      recompute=full, present=alltoall)
+  add(ExpertComm, 'Moe_Combine_RS', tokens * h * ep, ep, tier,
+      'reduce_scatter', recompute=full, present=allgather)
+  add(ElementWise, 'Moe_Unpermute', dispatched, dispatched, recompute=full)
+  if shared:
+    batch_seq = shape.batch_seq
+    s_up = 2 * shared if app.gated else shared
+    add(TPComm, 'Shared_F', act, False, recomm=full, present=tp > 1)
+    add(Linear, 'Shared_Mlp1', batch_seq, h, s_up // tp, recompute=full)
+    cls = SwiGLU if app.gated else GeLU
+    add(cls, 'Shared_Act', shared * batch_seq // tp, exe.fused_activation,
+        recompute=full)
+    add(Linear, 'Shared_Mlp2', batch_seq, shared // tp, h, recompute=full)
+    add(TPComm, 'Shared_G', act, True, recomm=full, activation_stored=False,
+        present=tp > 1)
+    add(ElementWise, 'Moe_SharedSum', act_in, act_in, recompute=full,
+        activation_stored=False)
+  add(DropOut, 'MlpBlock_DropOut', act_in, recompute=full, present=dropout)
+  add(ElementWise, 'MlpBlock_Residual', act_in, act_in, recompute=full,
+      activation_stored=False, activation_reused=True)
 
 
 def build_embedding(app, exe, ctx):
@@ -353,7 +496,10 @@ class BlockTotals:
               'act_grad_bytes', 'optimizer_bytes', 'useful_bw_flops',
               'dp_window_re_flops_time', 'dp_window_re_mem_time',
               'weight_elems', 'core_fw_time', 'core_bw_time',
-              'matrix_fw_flops', 'matrix_bw_flops']
+              'matrix_fw_flops', 'matrix_bw_flops', 'expert_weight_elems',
+              'expert_weight_bytes', 'ep_bytes', 'ep_fw_time', 'ep_bw_time',
+              'ep_re_time', 'shared_fw_time', 'shared_bw_time',
+              'experts_fw_time', 'experts_bw_time']
     acc = {n: _Sum() for n in names}
     tp_req = 0.0
     train = flag(training)
@@ -431,6 +577,26 @@ class BlockTotals:
         if train is not False:
           acc['matrix_bw_flops'].add(layer.flops('agrad') +
                                      layer.flops('wgrad'), p, train)
+      # Mixture-of-Experts: expert-parallel communication, routed-expert
+      # weights and the compute the dispatch may hide behind.
+      if hasattr(layer, 'ep_time_s'):
+        ep = layer.ep_time_s()
+        acc['ep_bytes'].add(layer.ep_bytes(), p)
+        acc['ep_fw_time'].add(ep, p)
+        if train is not False:
+          acc['ep_bw_time'].add(ep, p, train)
+          if layer.recompute is not False:
+            acc['ep_re_time'].add(ep, p, _and(train, layer.recompute))
+      part = getattr(layer, 'part', None)
+      if part is not None:
+        acc[f'{part}_fw_time'].add(layer.processing_time_s('fw'), p)
+        if train is not False:
+          acc[f'{part}_bw_time'].add(layer.processing_time_s('agrad') +
+                                     layer.processing_time_s('wgrad'), p,
+                                     train)
+      if layer.expert:
+        acc['expert_weight_elems'].add(layer.weights, p)
+        acc['expert_weight_bytes'].add(layer.weight_bytes(), p)
       # Memory kept per block.
       acc['weight_elems'].add(layer.weights, p)
       acc['weight_bytes'].add(layer.weight_bytes(), p)
@@ -470,3 +636,48 @@ def _max_masked(current, layer, stage, present):
       req = np.where(present, req, 0.0)
     current = np.where(req > current, req, current)
   return current
+
+
+def moe_blocks_in_busiest_stage(app, pp):
+  """MoE blocks held by the pipeline stage holding the most of them, for
+  PP degrees ``pp`` (array): stages hold contiguous runs of
+  ceil(blocks / PP) blocks, MoE where the application's pattern says
+  (first_dense_blocks, moe_layer_freq)."""
+  L = app.num_blocks
+  is_moe = np.array([i >= app.first_dense_blocks and
+                     i % app.moe_layer_freq == 0 for i in range(L)])
+  pp = np.asarray(pp)
+  out = np.zeros(pp.shape, dtype=np.int64)
+  for value in np.unique(pp):
+    bpp = -(-L // int(value))
+    counts = [int(is_moe[i:i + bpp].sum()) for i in range(0, L, bpp)]
+    out = np.where(pp == value, max(counts), out)
+  return out[()] if out.ndim == 0 else out
+
+
+class BlockMix:
+  """Per-block totals of a stage holding ``n_moe`` MoE blocks and the rest
+  dense (of ``n_total`` blocks): additive quantities are the average block
+  (so n_total x the attribute is the stage's sum), working-set quantities
+  the larger of the two kinds of block."""
+
+  MAX = ('act_working_bytes', 'act_grad_bytes', 'weight_grad_unsharded_bytes',
+         'tp_bw_overlap_req')
+
+  def __init__(self, dense, moe, n_moe, n_total):
+    self._dense, self._moe = dense, moe
+    self._n_moe, self._n_total = n_moe, n_total
+    self._n_dense = n_total - n_moe
+
+  def __getattr__(self, name):
+    if name.startswith('_'):
+      raise AttributeError(name)
+    d, m = getattr(self._dense, name), getattr(self._moe, name)
+    if name in self.MAX:
+      value = np.where(self._n_moe > 0, np.where(
+        self._n_dense > 0, np.maximum(d, m), m), d)
+    else:
+      with np.errstate(divide='ignore', invalid='ignore'):
+        value = (self._n_moe * m + self._n_dense * d) / self._n_total
+    setattr(self, name, value)
+    return value

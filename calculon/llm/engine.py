@@ -44,7 +44,7 @@ def check_compatible(app, system, exe, source='<execution>'):
     lambda i: f' execution {i[0] if len(i) == 1 else i}:')
   n = system.num_networks
   for field in ('tensor_par_net', 'pipeline_par_net', 'data_par_net',
-                'context_par_net'):
+                'context_par_net', 'expert_par_net'):
     i = _first(getattr(exe, field) >= n, shape)
     if i is not None:
       value = int(_at(getattr(exe, field), shape, i))
@@ -76,6 +76,7 @@ def check_compatible(app, system, exe, source='<execution>'):
           source=source, field='precision_recipe',
           value='transformer_engine') from None
   _check_attention(app, exe, shape, where, source)
+  _check_experts(app, exe, shape, where, source)
   tp = exe.tensor_par
   for what, size in (('hidden', app.hidden), ('feedforward', app.feedforward),
                      ('attn_heads', app.attn_heads)):
@@ -97,17 +98,47 @@ def check_compatible(app, system, exe, source='<execution>'):
       '(Megatron-Core context parallelism)',
       source=source, field='context_par', value=value)
   batch_seq = exe.microbatch_size * (app.seq_size // cp)
-  bad = (exe.tensor_par_comm_type != TP_COMM_AR) & (batch_seq % tp != 0)
+  bad = ((exe.tensor_par_comm_type != TP_COMM_AR) | app.is_moe) & (
+    batch_seq % tp != 0)
   i = _first(bad, shape)
   if i is not None:
     value = int(_at(tp, shape, i))
     raise ConfigError(
       f"{source}:{where(i)} field 'tensor_par' = {value} is not allowed: with "
-      "tensor_par_comm_type 'rs_ag' or 'p2p_rs_ag' it must divide "
+      "tensor_par_comm_type 'rs_ag' or 'p2p_rs_ag' (or experts, which "
+      'route tokens / tensor_par per rank) it must divide '
       'microbatch_size * seq_size' + (' / context_par' if np.any(cp > 1)
                                       else '') +
       f' = {int(_at(batch_seq, shape, i))}',
       source=source, field='tensor_par', value=value)
+
+
+def _check_experts(app, exe, shape, where, source):
+  """Expert parallelism against the application (Megatron-Core: EP divides
+  the experts; ETP divides each expert's MLP width).
+
+  Raises:
+    ConfigError: a contradiction.
+  """
+  def fail(field, i, allowed):
+    value = int(_at(getattr(exe, field), shape, i))
+    raise ConfigError(f"{source}:{where(i)} field '{field}' = {value} is not "
+                      f'allowed: {allowed}', source=source, field=field,
+                      value=value)
+  if not app.is_moe:
+    for field in ('expert_par', 'expert_tensor_par'):
+      i = _first(getattr(exe, field) > 1, shape)
+      if i is not None:
+        fail(field, i, 'the application has no experts (num_experts); use 1')
+    return
+  i = _first(app.num_experts % exe.expert_par != 0, shape)
+  if i is not None:
+    fail('expert_par', i, f"it must divide the application's num_experts "
+         f'({app.num_experts})')
+  i = _first(app.moe_ffn_hidden % exe.expert_tensor_par != 0, shape)
+  if i is not None:
+    fail('expert_tensor_par', i, "it must divide the application's "
+         f'moe_ffn_hidden ({app.moe_ffn_hidden})')
 
 
 def _check_attention(app, exe, shape, where, source):

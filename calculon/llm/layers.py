@@ -78,7 +78,8 @@ class BlockContext:
                grad_bytes=None, grad_buffer_bytes=FP32_BYTES,
                linear_dtype=None, other_dtype=None, io_bytes=None,
                linear_act_bytes=None, linear_weight_bytes=None,
-               other_weight_bytes=None):
+               other_weight_bytes=None, expert_optimizer_shards=None,
+               expert_grad_shards=None):
     self.system = system
     self.dtype = dtype
     self.bytes_per_element = bytes_per_element
@@ -103,6 +104,9 @@ class BlockContext:
     self.linear_act_bytes = given(linear_act_bytes, self.io_bytes)
     self.linear_weight_bytes = given(linear_weight_bytes, bytes_per_element)
     self.other_weight_bytes = given(other_weight_bytes, bytes_per_element)
+    self.expert_optimizer_shards = given(expert_optimizer_shards,
+                                         self.optimizer_shards)
+    self.expert_grad_shards = given(expert_grad_shards, self.grad_shards)
 
 
 class Layer:
@@ -125,6 +129,9 @@ class Layer:
   matrix = False
   #: Linear layers run in the narrow datatype under Transformer Engine.
   linear = False
+  #: Routed-expert weights: reduced and sharded over the expert
+  #: data-parallel ranks instead of DP x CP.
+  expert = False
 
   def __init__(self, name, ctx, *, fw_flops=0.0, agrad_flops=0.0,
                wgrad_flops=0.0, inputs=0.0, outputs=0.0, activation=0.0,
@@ -173,8 +180,16 @@ class Layer:
       return self.agrad_flops
     if stage == 'wgrad':
       return self.wgrad_flops
-    return self.weight_grads / self.ctx.optimizer_shards * \
+    return self.weight_grads / self._optimizer_shards() * \
       ADAM_FLOPS_PER_ELEMENT
+
+  def _optimizer_shards(self):
+    return self.ctx.expert_optimizer_shards if self.expert \
+      else self.ctx.optimizer_shards
+
+  def _grad_shards(self):
+    return self.ctx.expert_grad_shards if self.expert \
+      else self.ctx.grad_shards
 
   def fw_mem_bytes(self):
     """Forward traffic: read inputs and weights, write outputs."""
@@ -268,7 +283,7 @@ class Layer:
     the optimizer), or the unsharded accumulation buffer of the block being
     computed (``sharded=False``; Calculon: fp32)."""
     if sharded:
-      return self.weight_grads * self.ctx.grad_bytes / self.ctx.grad_shards
+      return self.weight_grads * self.ctx.grad_bytes / self._grad_shards()
     return self.weight_grads * self.ctx.grad_buffer_bytes
 
   def activation_grad_bytes(self):
@@ -281,7 +296,7 @@ class Layer:
     moments = self.optim * FP32_BYTES
     master = where(self.weight_bpe < FP32_BYTES,
                    self.weights * FP32_BYTES, 0.0)
-    return (master + moments) / self.ctx.optimizer_shards
+    return (master + moments) / self._optimizer_shards()
 
 
 class Linear(Layer):
@@ -798,3 +813,81 @@ class CrossEntropy(Layer):
 
   def agrad_mem_bytes(self):
     return self.inputs * FP32_BYTES + self.outputs * self.bpe
+
+
+# -- Mixture-of-Experts -------------------------------------------------------------
+
+class GroupedLinear(Layer):
+  """``experts`` GEMMs of the same shape (m x n) (n x k), one per local
+  expert (a grouped GEMM): m tokens routed to each expert.  Each GEMM runs
+  at the efficiency of its own size.  ``expert=True``: routed-expert
+  weights (sharded and reduced over the expert data-parallel ranks)."""
+
+  matrix = True
+  linear = True
+
+  def __init__(self, name, ctx, experts, m, n, k, expert=True, **flags):
+    self.experts = experts
+    self.expert = expert
+    gemm = 2.0 * m * n * k
+    super().__init__(name, ctx, fw_flops=experts * gemm,
+                     agrad_flops=experts * gemm, wgrad_flops=experts * gemm,
+                     inputs=experts * m * n, outputs=experts * m * k,
+                     weights=experts * n * k, weight_grads=experts * n * k,
+                     activation=experts * m * n,
+                     activation_grads=experts * m * k,
+                     optim=2 * experts * n * k, **flags)
+
+  def flops_time_s(self, stage):
+    if stage == 'optim':
+      return super().flops_time_s(stage)
+
+    def compute():
+      each = self.flops(stage) / self.experts
+      with np.errstate(divide='ignore', invalid='ignore'):
+        t = self.ctx.system.matrix.time_s(self.dtype, each) * self.experts
+      return where(self.experts == 0, 0.0, np.nan_to_num(t))
+    return self._memo(('flops_time', stage), compute)
+
+
+class ExpertComm(Layer):
+  """Token dispatch or combine among the expert-parallel ranks (Megatron-Core
+  ``MoEAlltoAllTokenDispatcher``: permute, all-to-all, ...; Lepikhin et al.
+  2020, GShard, section 2.2).
+
+  Args:
+    size: elements this rank sends (tokens x top_k x hidden).
+    peers: EP ranks; tier: their network tier.
+    op: 'all_to_all', or with the all-gather dispatcher 'all_gather'
+      (dispatch: every rank gathers all tokens, ``size`` the gathered
+      buffer) / 'reduce_scatter' (combine).
+
+  The backward pass runs the mirror operation on the gradients (same
+  bytes).  Its time is reported as expert-parallel communication, not TP.
+  """
+
+  def __init__(self, name, ctx, size, peers, tier, op, **flags):
+    self.size, self.peers, self.tier, self.op = size, peers, tier, op
+    super().__init__(name, ctx, inputs=size, outputs=size, activation=0,
+                     activation_grads=0, **flags)
+
+  def ep_bytes(self):
+    return where(self.peers > 1, self.size * self.bpe, 0.0)
+
+  def ep_time_s(self):
+    """Seconds of the operation on the link (forward; the backward mirror
+    takes the same)."""
+    def compute():
+      net = self.ctx.system.networks
+      t = net.time_s(self.op, self.ep_bytes(), self.peers, self.tier)
+      return where(self.peers > 1, t, 0.0)
+    return self._memo(('ep', ), compute)
+
+  def fw_mem_bytes(self):
+    return 0.0
+
+  def agrad_mem_bytes(self):
+    return 0.0
+
+  def processing_time_s(self, stage):
+    return 0.0

@@ -24,7 +24,8 @@ from calculon.config.execution import (
   DATATYPE_BYTES, DATATYPE_NAMES, RECIPE_TE, RECOMPUTE_FULL, RECOMPUTE_NONE,
   SHARD_GRADIENTS, SHARD_OPTIMIZER, SHARD_PARAMETERS, TP_COMM_AR, UNSET)
 from calculon.llm.block import (
-  BlockTotals, Shape, build_block, build_embedding, build_head)
+  BlockMix, BlockTotals, Shape, build_block, build_embedding, build_head,
+  moe_blocks_in_busiest_stage)
 from calculon.llm.layers import BlockContext, FP32_BYTES
 from calculon.units import human_format
 
@@ -126,6 +127,10 @@ class Evaluation:
     self.grad_shards = np.where(sharding >= SHARD_GRADIENTS, self.dpcp, 1)
     self.fsdp = sharding == SHARD_PARAMETERS
     self.weight_shards = np.where(self.fsdp, self.dpcp, 1)
+    # Routed experts are replicated over the expert data-parallel ranks:
+    # TP x DP x CP / (EP x ETP) (Megatron-Core MoE parallel folding).
+    self.ep, self.etp = e.expert_par, e.expert_tensor_par
+    self.edp = self.tp * self.dpcp // (self.ep * self.etp)
     # Precision: Transformer Engine runs the linear layers' GEMMs in the
     # narrow datatype and everything else in bfloat16, keeping 16-bit
     # weights plus a narrow copy and the narrow input of each linear layer
@@ -147,7 +152,10 @@ class Evaluation:
       grad_buffer_bytes=np.where(grad_set, self.grad_bytes, FP32_BYTES),
       other_dtype=other_dtype, io_bytes=self.io_bytes,
       linear_act_bytes=bpe, linear_weight_bytes=np.where(te, 2.0 + bpe, bpe),
-      other_weight_bytes=np.where(te, 2.0, bpe))
+      other_weight_bytes=np.where(te, 2.0, bpe),
+      expert_optimizer_shards=np.where(sharding >= SHARD_OPTIMIZER, self.edp,
+                                       1),
+      expert_grad_shards=np.where(sharding >= SHARD_GRADIENTS, self.edp, 1))
     self.pp_usage = nets.usage(e.pipeline_par_net)
     self.dp_usage = nets.usage(e.data_par_net)
     self.shape = Shape(app, e, self.ctx)
@@ -158,14 +166,35 @@ class Evaluation:
   # -- the block ---------------------------------------------------------------
   @cached_property
   def layers(self):
-    """The compiled block: list of layers (see :func:`build_block`)."""
+    """The compiled block: list of layers (see :func:`build_block`); for a
+    Mixture-of-Experts model, an MoE block."""
+    return build_block(self.app, self.exe, self.ctx, moe=self.app.is_moe)
+
+  @cached_property
+  def dense_layers(self):
+    """The layers of a dense block of a Mixture-of-Experts model."""
     return build_block(self.app, self.exe, self.ctx)
 
   @cached_property
+  def moe_blocks_per_proc(self):
+    """MoE blocks of the busiest pipeline stage (0 for dense models)."""
+    if not self.app.is_moe:
+      return 0
+    return np.minimum(moe_blocks_in_busiest_stage(self.app, self.pp),
+                      self.blocks_per_proc)
+
+  @cached_property
   def block(self):
-    """Per-microbatch totals of one block (:class:`BlockTotals`)."""
+    """Per-microbatch totals of one block (:class:`BlockTotals`); with
+    experts, the average block of the busiest stage (:class:`BlockMix`)."""
     with np.errstate(divide='ignore', invalid='ignore'):
-      return BlockTotals(self.layers, self.training, self.full_recompute)
+      totals = BlockTotals(self.layers, self.training, self.full_recompute)
+      if not self.app.is_moe or self.app.num_dense_blocks == 0:
+        return totals
+      dense = BlockTotals(self.dense_layers, self.training,
+                          self.full_recompute)
+      return BlockMix(dense, totals, self.moe_blocks_per_proc,
+                      self.blocks_per_proc)
 
   @cached_property
   def block_act_checkpoint_bytes(self):
@@ -311,14 +340,75 @@ class Evaluation:
   # -- block times with exposed communication and offload ----------------------
   @cached_property
   def _block_fw_extra_s(self):
-    """Exposed CP ring and FSDP traffic of a block's forward (0 without)."""
-    return self.block_cp_fw_exposed_s + self.block_fsdp_fw_exposed_s
+    """Exposed CP ring, FSDP and expert-parallel traffic of a block's
+    forward (0 without)."""
+    extra = self.block_cp_fw_exposed_s + self.block_fsdp_fw_exposed_s
+    if self.app.is_moe:
+      extra = extra + self.block_ep_fw_exposed_s
+    return extra
 
   @cached_property
   def _block_bw_extra_s(self):
-    """Exposed CP ring and FSDP traffic of a block's backward."""
-    return np.where(self.training, self.block_cp_bw_exposed_s +
-                    self.block_fsdp_bw_exposed_s, 0)
+    """Exposed CP ring, FSDP and expert-parallel traffic of a block's
+    backward."""
+    extra = self.block_cp_bw_exposed_s + self.block_fsdp_bw_exposed_s
+    if self.app.is_moe:
+      extra = extra + self.block_ep_bw_exposed_s
+    return np.where(self.training, extra, 0)
+
+  # -- expert parallelism ---------------------------------------------------------
+  def _ep_hiding_s(self, stage):
+    """Compute the token dispatch and combine of a block may hide behind
+    (``moe_comm_overlap``): the shared experts ('shared_experts',
+    Megatron-Core --moe-shared-expert-overlap), or everything but the
+    routed experts ('compute': the other microbatch's compute, Megatron-Core
+    --overlap-moe-expert-parallel-comm, DeepSeek-V3's DualPipe)."""
+    from calculon.config.execution import (
+      MOE_OVERLAP_COMPUTE, MOE_OVERLAP_SHARED)
+    b, mode = self.block, self.exe.moe_comm_overlap
+    if stage == 'fw':
+      shared, rest = b.shared_fw_time, b.fw_time - b.experts_fw_time
+    else:
+      shared = b.shared_bw_time
+      rest = b.agrad_time + b.wgrad_time - b.experts_bw_time
+    return np.where(mode == MOE_OVERLAP_SHARED, shared,
+                    np.where(mode == MOE_OVERLAP_COMPUTE, rest, 0))
+
+  @cached_property
+  def block_ep_fw_exposed_s(self):
+    """Forward dispatch and combine of a block not hidden."""
+    return _pos(self.block.ep_fw_time - self._ep_hiding_s('fw'))
+
+  @cached_property
+  def block_ep_bw_exposed_s(self):
+    """Backward dispatch and combine (and the forward ones again when
+    the block is recomputed) not hidden."""
+    b = self.block
+    return _pos(b.ep_bw_time + b.ep_re_time - self._ep_hiding_s('bw'))
+
+  @cached_property
+  def expert_weight_bytes(self):
+    """Routed-expert weights of the busiest stage (before FSDP sharding)."""
+    if not self.app.is_moe:
+      return 0.0
+    return self.block.expert_weight_bytes * self.blocks_per_proc
+
+  @cached_property
+  def ep_comm_link_time_s(self):
+    """Expert-parallel token dispatch and combine on the link, batch."""
+    if not self.app.is_moe:
+      return 0.0
+    b = self.block
+    return self._mult * (b.ep_fw_time + b.ep_bw_time + b.ep_re_time)
+
+  @cached_property
+  def ep_comm_exposed_time_s(self):
+    """Expert-parallel communication not hidden, whole batch."""
+    if not self.app.is_moe:
+      return 0.0
+    return self._mult * (self.block_ep_fw_exposed_s +
+                         np.where(self.training, self.block_ep_bw_exposed_s,
+                                  0))
 
   @cached_property
   def baseblock_fw_time_no_offload_s(self):
@@ -446,32 +536,57 @@ class Evaluation:
     return (self.sharding == SHARD_OPTIMIZER) | \
       (self.sharding == SHARD_GRADIENTS)
 
-  def _grad_reduce_bytes(self, totals):
+  def _grad_reduce_bytes(self, totals, experts=False):
     """Bytes of gradients of ``totals`` (a BlockTotals) reduced over DP:
     Calculon reduces them in the weights' datatype; with an explicit
     ``gradient_datatype`` in that precision (Megatron-LM reduces fp32 main
-    gradients unless --grad-reduce-in-bf16)."""
-    return np.where(self.exe.gradient_datatype == UNSET, totals.weight_bytes,
-                    totals.weight_elems * self.grad_bytes)
+    gradients unless --grad-reduce-in-bf16).  ``experts``: only the
+    routed experts' (else all but them)."""
+    wb, we = totals.weight_bytes, totals.weight_elems
+    if self.app.is_moe:
+      if experts:
+        wb, we = totals.expert_weight_bytes, totals.expert_weight_elems
+      else:
+        wb = wb - totals.expert_weight_bytes
+        we = we - totals.expert_weight_elems
+    elif experts:
+      return 0.0
+    return np.where(self.exe.gradient_datatype == UNSET, wb,
+                    we * self.grad_bytes)
+
+  def _dp_group_time_s(self, reduce, gather, dp):
+    net, tier = self.system.networks, self.exe.data_par_net
+    with np.errstate(divide='ignore', invalid='ignore'):
+      sharded = net.time_s('reduce_scatter', reduce, dp, tier) + \
+        net.time_s('all_gather', gather, dp, tier)
+      plain = net.time_s('all_reduce', reduce, dp, tier)
+    return np.where(dp > 1, np.where(self._sharded, sharded, plain), 0)
 
   def _dp_time_s(self, totals):
     """End-of-batch DP communication of the weights of ``totals``:
     reduce-scatter of the gradients + all-gather of the weights when
     sharded (ZeRO-1/2; Rajbhandari et al. 2020, section 7.2), else an
-    all-reduce, over the DP x CP ranks on the DP tier."""
-    net, dp, tier = self.system.networks, self.dpcp, self.exe.data_par_net
+    all-reduce, over the DP x CP ranks on the DP tier (routed experts over
+    their expert data-parallel ranks)."""
     reduce = self._grad_reduce_bytes(totals)
-    with np.errstate(divide='ignore', invalid='ignore'):
-      sharded = net.time_s('reduce_scatter', reduce, dp, tier) + \
-        net.time_s('all_gather', totals.weight_bytes, dp, tier)
-      plain = net.time_s('all_reduce', reduce, dp, tier)
-    return np.where(self._dp_active, np.where(self._sharded, sharded, plain),
-                    0)
+    gather = totals.weight_bytes
+    if not self.app.is_moe:
+      t = self._dp_group_time_s(reduce, gather, self.dpcp)
+    else:
+      t = self._dp_group_time_s(reduce, gather - totals.expert_weight_bytes,
+                                self.dpcp) + self._dp_group_time_s(
+        self._grad_reduce_bytes(totals, True), totals.expert_weight_bytes,
+        self.edp)
+    return np.where(self._dp_active, t, 0)
 
   @cached_property
   def block_dp_bytes(self):
     """Gradients of one block reduced across DP (training, DP > 1)."""
-    return np.where(self._dp_active, self._grad_reduce_bytes(self.block), 0)
+    b = self.block
+    size = self._grad_reduce_bytes(b)
+    if self.app.is_moe:
+      size = size + self._grad_reduce_bytes(b, True)
+    return np.where(self._dp_active, size, 0)
 
   @cached_property
   def block_dp_time_s(self):
@@ -485,14 +600,21 @@ class Evaluation:
     again before its backward, its gradients reduce-scattered after the
     backward (PyTorch FSDP FULL_SHARD; Megatron-FSDP
     ``optim_grads_params``), over the DP x CP ranks on the DP tier."""
-    net, dp, tier = self.system.networks, self.dpcp, self.exe.data_par_net
-    gather = totals.weight_elems * self.io_bytes
-    reduce = totals.weight_elems * self.grad_bytes
+    net, tier = self.system.networks, self.exe.data_par_net
+    groups = [(totals.weight_elems, self.dpcp)]
+    if self.app.is_moe:
+      groups = [(totals.weight_elems - totals.expert_weight_elems, self.dpcp),
+                (totals.expert_weight_elems, self.edp)]
+    ag = rs = 0.0
     with np.errstate(divide='ignore', invalid='ignore'):
-      ag = net.time_s('all_gather', gather, dp, tier)
-      rs = net.time_s('reduce_scatter', reduce, dp, tier)
-    on = self.fsdp & (self.dpcp > 1)
-    return np.where(on, ag, 0), np.where(on & self.training, rs, 0)
+      for elems, dp in groups:
+        on = dp > 1
+        ag = ag + np.where(on, net.time_s('all_gather', elems * self.io_bytes,
+                                          dp, tier), 0)
+        rs = rs + np.where(on, net.time_s(
+          'reduce_scatter', elems * self.grad_bytes, dp, tier), 0)
+    return np.where(self.fsdp, ag, 0), np.where(self.fsdp & self.training,
+                                                rs, 0)
 
   @cached_property
   def block_fsdp_fw_s(self):
@@ -700,7 +822,11 @@ class Evaluation:
     if not np.any(self.fsdp):
       return plain
     working = np.minimum(2, self.blocks_per_proc) * self.block.weight_bytes
-    return np.where(self.fsdp, plain / self.weight_shards + working, plain)
+    sharded = plain / self.weight_shards
+    if self.app.is_moe:
+      experts = self.block.expert_weight_bytes * self.blocks_per_proc
+      sharded = (plain - experts) / self.dpcp + experts / self.edp
+    return np.where(self.fsdp, sharded + working, plain)
 
   @cached_property
   def _inflight_factor(self):
@@ -1126,6 +1252,8 @@ class Evaluation:
       extra = extra + self.fsdp_comm_exposed_time_s
     if self.app.has_vocab:
       extra = extra + self.vocab_extra_time_s
+    if self.app.is_moe:
+      extra = extra + self.ep_comm_exposed_time_s
     return extra
 
   @cached_property
@@ -1279,6 +1407,12 @@ class Evaluation:
         on = (degree > 1) & (net == tier)
         size = size * np.where(on, degree, 1)
         used = used | on
+      if self.app.is_moe:
+        # Experts are folded onto TP x DP x CP ranks; their group of EP
+        # ranks must fit its own tier.
+        ep_on = (self.ep > 1) & (e.expert_par_net == tier)
+        used = used | ep_on
+        size = np.maximum(size, np.where(ep_on, self.ep, 1))
       too_small = used & (size > nets.size[tier])
       not_filled = used & ~too_small & nets.must_be_filled[tier] & (
         nets.size[tier] % size != 0)
@@ -1338,6 +1472,11 @@ class Evaluation:
         if d > 1 and c == tier:
           used.append(f'{label}={d}')
           size *= d
+      ep = int(at(self.ep))
+      if ep > 1 and int(at(self.exe.expert_par_net)) == tier and \
+          ep > size:
+        used = [f'EP={ep}']
+        size = ep
       detail = f"{' x '.join(used)} = {size} processors, tier size " \
         f'{int(net.size[tier])}'
       if code == NETWORK_TOO_SMALL:

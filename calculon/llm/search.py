@@ -27,7 +27,8 @@ import numpy as np
 
 from calculon.config import ExecutionColumns
 from calculon.config.execution import (
-  ATTENTION_AUTO, ATTENTION_KERNEL_NAMES, DATATYPE_NAMES, NARROW_DATATYPES,
+  ATTENTION_AUTO, ATTENTION_KERNEL_NAMES, DATATYPE_NAMES, DISPATCHER_NAMES,
+  MOE_OVERLAP_NAMES, NARROW_DATATYPES,
   PRECISION_RECIPE_NAMES, RECOMPUTE_FULL, RECOMPUTE_NAMES, SHARDING_NAMES,
   TP_COMM_NAMES, TP_COMM_RS_AG, TP_OVERLAP_NAMES, UNSET)
 from calculon.llm import space
@@ -49,6 +50,12 @@ MODERN_AXES = ('pipeline_interleaving', 'activation_recompute',
                'weight_offload', 'activations_offload', 'optimizer_offload',
                'fused_activation', 'microbatch_size', 'tensor_par_net',
                'pipeline_par_net', 'data_par_net', 'context_par_net')
+#: Grid axes of the modern space for a Mixture-of-Experts application: the
+#: expert-parallel degree, its TP, the dispatcher, the overlap of its
+#: communication and its tier join.
+MOE_AXES = MODERN_AXES[:4] + ('expert_par', 'expert_tensor_par',
+                              'moe_dispatcher', 'moe_comm_overlap') + \
+  MODERN_AXES[4:] + ('expert_par_net',)
 AXIS = {name: i for i, name in enumerate(AXES)}
 #: Axes a chunk may be cut along (the -m rule needs whole microbatch and
 #: network axes inside a chunk).
@@ -128,7 +135,9 @@ class SearchSpec:
 
   @property
   def axes(self):
-    return MODERN_AXES if self.modern else AXES
+    if not self.modern:
+      return AXES
+    return MOE_AXES if self.app.is_moe else MODERN_AXES
 
 
 @dataclass
@@ -250,8 +259,17 @@ def _modern_groups(spec):
           'data_par_net': nets if dp > 1 else [0],
           'context_par_net': nets if cp > 1 else [0],
         }
-        out.append(Group(len(out), tp, pp, dp, batch, values, cp,
-                         MODERN_AXES))
+        if app.is_moe:
+          folded = tp * dp * cp
+          values['expert_par'] = [e for e in space.factors(app.num_experts)
+                                  if folded % e == 0]
+          values['expert_tensor_par'] = sorted(
+            {1, tp} & {t for t in space.factors(tp)
+                       if app.moe_ffn_hidden % t == 0})
+          values['moe_dispatcher'] = list(range(len(DISPATCHER_NAMES)))
+          values['moe_comm_overlap'] = list(range(len(MOE_OVERLAP_NAMES)))
+          values['expert_par_net'] = nets
+        out.append(Group(len(out), tp, pp, dp, batch, values, cp, spec.axes))
   return out
 
 
@@ -345,12 +363,24 @@ _BOOL_AXES = {'optimizer_sharding', 'seq_par_ag_redo', 'data_par_overlap',
 
 def valid_mask(cols):
   """Combinations Calculon enumerates: redo only with rs_ag and without full
-  recomputation; activation offload not with full recomputation."""
+  recomputation; activation offload not with full recomputation.  Modern
+  space with experts: EP x ETP divides TP x DP x CP, and without expert
+  parallelism (EP = 1) only the first dispatcher, overlap and tier (they
+  would price the same execution again)."""
   full = cols.activation_recompute == RECOMPUTE_FULL
   redo_ok = ~cols.seq_par_ag_redo | (
     (cols.tensor_par_comm_type == TP_COMM_RS_AG) & ~full)
   offload_ok = ~cols.activations_offload | ~full
-  return redo_ok & offload_ok
+  ok = redo_ok & offload_ok
+  ep = cols.expert_par
+  if np.ndim(ep) == 0 and ep == 1 and np.ndim(cols.expert_tensor_par) == 0:
+    return ok
+  folded = cols.tensor_par * cols.data_par * cols.context_par
+  fits = folded % (ep * cols.expert_tensor_par) == 0
+  single = (ep > 1) | ((cols.moe_dispatcher == 0) &
+                       (cols.moe_comm_overlap == 0) &
+                       (cols.expert_par_net == 0))
+  return ok & fits & single
 
 
 def mbs_break_mask(feasible, valid, axes=AXES):

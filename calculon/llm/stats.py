@@ -125,6 +125,9 @@ MODERN_STATS = (
   _S('embedding_weight_space', 'embed.weight_bytes', 'B', 'embedding weights (unsharded), first stage'),
   _S('lm_head_weight_space', 'head.weight_bytes', 'B', 'LM head weights (unsharded), last stage'),
   _S('lm_head_act_space', '_head_activation_bytes', 'B', 'LM head and loss activations (logits), last stage'),
+  _S('ep_comm_link_time', 'ep_comm_link_time_s', 's', 'expert-parallel token dispatch and combine on the link'),
+  _S('ep_comm_exposed_time', 'ep_comm_exposed_time_s', 's', 'expert-parallel communication exposed'),
+  _S('expert_weight_space', 'expert_weight_bytes', 'B', 'routed-expert weights per processor (unsharded)'),
   _S('first_stage_mem_tier1_cap_req', 'first_stage_mem1_bytes', 'B', 'memory tier 1 needed by a first-stage processor'),
   _S('last_stage_mem_tier1_cap_req', 'last_stage_mem1_bytes', 'B', 'memory tier 1 needed by a last-stage processor'),
 )

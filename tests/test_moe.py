@@ -1,0 +1,213 @@
+"""Mixture-of-Experts and multi-head latent attention, against cited sources
+(issue "Mixture-of-Experts: experts, expert parallelism and all-to-all")."""
+
+import copy
+
+import numpy as np
+import pytest
+
+from calculon.config import Application
+from calculon.errors import ConfigError
+from calculon.hardware import System
+from calculon.io import read_json_file
+from calculon.llm.flops import model_flops_per_token
+
+from conftest import ROOT
+from test_modern import evaluation, value
+
+H100 = read_json_file(f'{ROOT}/systems/h100_80g_nvl8.json')
+
+MIXTRAL = dict(hidden=4096, feedforward=14336, seq_size=4096, attn_heads=32,
+               attn_size=128, num_blocks=32, kv_heads=8, mlp='gated',
+               norm='rmsnorm', linear_bias='none', vocab_size=32000,
+               position_embedding='rope', dropout=False, num_experts=8,
+               top_k=2, moe_ffn_hidden=14336)
+DEEPSEEK_V3 = dict(hidden=7168, feedforward=18432, seq_size=4096,
+                   attn_heads=128, attn_size=192, num_blocks=61, mlp='gated',
+                   norm='rmsnorm', linear_bias='none', vocab_size=129280,
+                   position_embedding='rope', dropout=False, num_experts=256,
+                   top_k=8, moe_ffn_hidden=2048, shared_experts=1,
+                   first_dense_blocks=3, q_lora_rank=1536, kv_lora_rank=512,
+                   qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)
+
+
+def test_parameter_counts_total_and_active():
+  """Jiang et al. 2024 (Mixtral, arXiv:2401.04088): 46.7B total, 12.9B
+  active; written out: 32 blocks x (attention 2 h^2 + 2 h 8 x 128 = 41.9M,
+  router 8 h, 8 experts x 3 h f, two RMSNorms) + embedding and head
+  32000 h each + final norm.  DeepSeek-AI 2024 (DeepSeek-V3,
+  arXiv:2412.19437): 671B total, 37B active, main model without the MTP
+  module; Megatron-LM's count (no router bias: the published 671,026,419,200
+  adds 58 x 256 expert biases)."""
+  h, f = 4096, 14336
+  attn = 2 * h * h + 2 * h * 8 * 128
+  block = attn + 8 * h + 8 * 3 * h * f + 2 * h
+  total = 32 * block + 2 * 32000 * h + h
+  app = Application.from_dict(MIXTRAL)
+  assert app.num_parameters() == total == 46_702_792_704
+  assert app.num_active_parameters() == total - 32 * 6 * 3 * h * f == \
+    12_879_925_248
+  ds = Application.from_dict(DEEPSEEK_V3)
+  assert ds.num_parameters() == 671_026_419_200 - 58 * 256
+  assert ds.num_active_parameters() == pytest.approx(37e9, rel=0.02)
+
+
+def megatron_moe_mla_flops_per_token(app, causal=True):
+  """Megatron-LM ``num_floating_point_operations`` (training.py at
+  d98e8a64), MLA and MoE branches, BSHD, no MTP, transcribed: 3 x 2 x
+  [ h (f gamma L_dense + f_e k gamma L_moe + f_sh gamma L_moe) + attention
+  linear (q_term + kv_lora (h + a (qk + v) + 1) + h qk_pos + a v h) x L +
+  h V ] + s x 3 x 2 x (a (qk + pos) / 2 + a v / 2) x L."""
+  h, a, L = app.hidden, app.attn_heads, app.num_blocks
+  qk, pos, v = app.qk_nope_head_dim, app.qk_rope_head_dim, app.v_head_dim
+  q_term = app.q_lora_rank * (h + a * (qk + pos) + 1)
+  attn_linear = q_term + app.kv_lora_rank * (h + a * (qk + v) + 1) + \
+    h * pos + a * v * h
+  gamma = 3
+  mlp = h * (app.feedforward * gamma * app.num_dense_blocks +
+             app.moe_ffn_hidden * app.top_k * gamma * app.num_moe_blocks +
+             app.moe_ffn_hidden * app.shared_experts * gamma *
+             app.num_moe_blocks)
+  core = 3 * 2 * (a * (qk + pos) / 2 + a * v / 2) * L * app.seq_size
+  if not causal:
+    core *= 2
+  return 3 * 2 * (mlp + attn_linear * L + h * app.vocab_size) + core
+
+
+def test_deepseek_v3_flops_equal_megatron():
+  """Per-token oracle 2.4981e11 (Megatron-LM HEAD, s = 4096, V = 129280,
+  no MTP; NeMo's deepseekv3 formula agrees)."""
+  app = Application.from_dict(DEEPSEEK_V3)
+  got = model_flops_per_token(app, 'causal')
+  assert got == pytest.approx(megatron_moe_mla_flops_per_token(app),
+                              rel=1e-12)
+  assert got == pytest.approx(2.4981e11, rel=5e-5)
+  assert model_flops_per_token(app, 'full') == pytest.approx(
+    megatron_moe_mla_flops_per_token(app, causal=False), rel=1e-12)
+
+
+def test_engine_flops_are_the_model_flops_plus_the_router():
+  """The GEMMs the engine prices for a Mixtral microbatch (TP 1, one rank,
+  standard attention) are the model FLOP with the whole score matrix plus
+  the router GEMM (h x E per token, which Megatron-LM leaves out)."""
+  app = Application.from_dict(dict(MIXTRAL, num_blocks=2, seq_size=1024))
+  ev = evaluation(app, System(H100), batch_size=1)
+  L = app.num_blocks
+  per_mb = L * value(ev.block.matrix_fw_flops + ev.block.matrix_bw_flops) + \
+    value(ev.head.matrix_fw_flops + ev.head.matrix_bw_flops)
+  router = 6 * app.hidden * app.num_experts * L
+  assert per_mb == pytest.approx(
+    (model_flops_per_token(app, 'full') + router) * 1024, rel=1e-12)
+
+
+def test_all_to_all_volume_per_layer_and_rank():
+  """Token dispatch = combine = tokens x top_k x hidden elements per rank
+  per MoE layer (Megatron-Core token_dispatcher: num_out_tokens =
+  tokens x topk); each rank routes b s / TP tokens: Mixtral, microbatch 2,
+  s 4096, TP 2: 4096 tokens x 2 x 4096 x 2 bytes, twice (dispatch and
+  combine)."""
+  app = Application.from_dict(MIXTRAL)
+  ev = evaluation(app, System(H100), tensor_par=2, data_par=4, batch_size=8,
+                  microbatch_size=2, tensor_par_comm_type='rs_ag',
+                  expert_par=8, attention_kernel='flash')
+  tokens = 2 * 4096 // 2
+  assert value(ev.block.ep_bytes) == 2 * tokens * 2 * 4096 * 2
+  # On the link: an all-to-all among 8 ranks moves 7/8 of the buffer.
+  net = System(H100).networks
+  one = 0.0 + net.latency_s[0] + tokens * 2 * 4096 * 2 * 7 / 8 / \
+    net.effective_bw[0]
+  assert value(ev.block.ep_fw_time) == pytest.approx(2 * one, rel=1e-12)
+
+
+def test_experts_are_divided_over_ep_and_load_imbalance_slows():
+  app = Application.from_dict(dict(MIXTRAL, num_blocks=2))
+  sysm = System(H100)
+  one = evaluation(app, sysm, data_par=8, batch_size=8, expert_par=1)
+  eight = evaluation(app, sysm, data_par=8, batch_size=8, expert_par=8)
+  assert value(one.block.expert_weight_elems) == \
+    8 * value(eight.block.expert_weight_elems) == 8 * 3 * 4096 * 14336
+  # The busiest expert gets 1.5x the tokens: 1.5x the FLOP, slower.
+  hot = evaluation(app, sysm, data_par=8, batch_size=8, expert_par=8,
+                   expert_imbalance=1.5)
+  flops = lambda ev: value([l for l in ev.layers
+                            if l.name == 'Moe_Experts_Mlp1'][0].flops('fw'))
+  assert flops(hot) == 1.5 * flops(eight)
+  assert 1.3 < value(hot.block.experts_fw_time) / value(
+    eight.block.experts_fw_time) <= 1.5
+  assert value(hot.total_time_s) > value(eight.total_time_s)
+  # Expert gradients reduce over the expert data-parallel ranks
+  # TP x DP x CP / (EP x ETP) (Megatron-Core MoE parallel folding).
+  assert value(eight.edp) == 1 and value(one.edp) == 8
+
+
+def test_capacity_factor_pads_every_expert():
+  """With a capacity factor every expert computes exactly its capacity
+  ceil(tokens x k / E x factor) (Fedus et al. 2022, Switch Transformers,
+  section 2.2)."""
+  sysm = System(H100)
+  app = Application.from_dict(dict(MIXTRAL, num_blocks=2,
+                                   capacity_factor=1.25))
+  ev = evaluation(app, sysm, data_par=8, batch_size=8, expert_par=8)
+  mlp1 = [l for l in ev.layers if l.name == 'Moe_Experts_Mlp1'][0]
+  tokens = 4096
+  per_expert = np.ceil(tokens * 2 * 8 / 8 * 1.25)
+  assert value(mlp1.flops('fw')) == 2 * per_expert * 4096 * 2 * 14336
+
+
+def test_more_expert_bandwidth_never_slows_a_run():
+  """Property: raising the bandwidth of the tier the experts use never
+  makes any execution slower (a grid of EP degrees, tiers, overlaps and
+  dispatchers)."""
+  from calculon.config import ExecutionColumns
+  from calculon.llm.engine import evaluate_columns
+  from calculon.config.execution import Execution
+  app = Application.from_dict(dict(MIXTRAL, num_blocks=4))
+  base = dict(num_procs=16, tensor_par=2, pipeline_par=1, data_par=8,
+              tensor_par_net=0, pipeline_par_net=0, data_par_net=1,
+              batch_size=16, microbatch_size=1, datatype='float16',
+              fused_activation=True, activation_recompute='none',
+              pipeline_interleaving=1, optimizer_sharding=False,
+              tensor_par_comm_type='rs_ag', tensor_par_overlap='none',
+              seq_par_ag_redo=False, data_par_overlap=True,
+              weight_offload=False, activations_offload=False,
+              optimizer_offload=False, training=True)
+  records = []
+  for ep in (2, 4, 8):
+    for tier in (0, 1):
+      for disp in ('alltoall', 'allgather'):
+        for ov in ('none', 'shared_experts', 'compute'):
+          for imb in (1.0, 1.3):
+            records.append(Execution.from_dict(dict(
+              base, expert_par=ep, expert_par_net=tier, moe_dispatcher=disp,
+              moe_comm_overlap=ov, expert_imbalance=imb)).to_dict())
+  cols = ExecutionColumns.from_records(records)
+  times = []
+  for scale in (0.5, 1.0, 2.0, 8.0):
+    cfg = copy.deepcopy(H100)
+    for net in cfg['networks']:
+      net['bandwidth'] *= scale
+    times.append(np.asarray(evaluate_columns(app, System(cfg),
+                                             cols).total_time_s))
+  for slow, fast in zip(times, times[1:]):
+    assert np.all(fast <= slow * (1 + 1e-12))
+  assert np.any(times[-1] < times[0])
+
+
+def test_moe_bad_inputs():
+  with pytest.raises(ConfigError, match="'top_k' = 9 is not allowed"):
+    Application.from_dict(dict(MIXTRAL, top_k=9))
+  dense = {k: v for k, v in MIXTRAL.items()
+           if k not in ('num_experts', 'top_k', 'moe_ffn_hidden')}
+  with pytest.raises(ConfigError, match='needs num_experts'):
+    Application.from_dict(dict(dense, shared_experts=1))
+  sysm = System(H100)
+  with pytest.raises(ConfigError, match="must divide the application's "
+                     'num_experts'):
+    evaluation(Application.from_dict(MIXTRAL), sysm, data_par=3,
+               batch_size=3, expert_par=3)
+  with pytest.raises(ConfigError, match='has no experts'):
+    evaluation(Application.from_dict(dense), sysm, data_par=2, batch_size=2,
+               expert_par=2)
+  with pytest.raises(ConfigError, match='must divide tensor_par'):
+    evaluation(Application.from_dict(MIXTRAL), sysm, data_par=2,
+               batch_size=2, expert_par=4)
