@@ -114,8 +114,8 @@ class RunData:
 
   def layers(self):
     """Per-layer rows of the model summary (one block, one microbatch)."""
-    bpe = {'float8': 1, 'float16': 2, 'bfloat16': 2, 'float32': 4}[
-      self.exe.datatype]
+    from calculon.config.execution import DATATYPE_BYTES
+    bpe = DATATYPE_BYTES[self.exe.datatype]
     rows = []
     for layer in self.stats.get('layers', []):
       rows.append({
