@@ -44,9 +44,9 @@ DATASHEET_TFLOPS = {
                   'float8': 720e3 / 72 / 2, 'float4': 1080e3 / 72},
   # AMD Instinct MI300X: FP16/BF16 1,307.4, FP8 2,614.9 (dense).
   'mi300x': {'bfloat16': 1307.4, 'float16': 1307.4, 'float8': 2614.9},
-  # AMD Instinct MI355X: FP16/BF16 2.5 PF, FP8 5 PF, MXFP4 10 PF (dense).
+  # AMD Instinct MI355X: FP16/BF16 2.5 PF, FP8 5 PF, MXFP4 10.1 PF (dense).
   'mi355x': {'bfloat16': 2500, 'float16': 2500, 'float8': 5000,
-             'float4': 10000},
+             'float4': 10100},
 }
 NEW = sorted(DATASHEET_TFLOPS)
 
