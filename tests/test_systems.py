@@ -1,0 +1,194 @@
+"""Bundled system files (systems/*.json): they load, their peaks are the
+vendors' dense datasheet numbers, their large-GEMM efficiency is the cited
+measurement, and `calculon llm` prices a modern model on each."""
+
+import glob
+import json
+import os
+
+import pytest
+
+from calculon.cli.main import main
+from calculon.config.system import SystemConfig
+from conftest import load_json, repo, run_cli
+
+SYSTEMS = sorted(glob.glob(repo('systems', '*.json')))
+
+# Dense (no sparsity) peak TFLOP/s per GPU, as the datasheets give them.
+# NVIDIA prints sparse numbers for tensor cores: dense is half.
+DATASHEET_TFLOPS = {
+  # NVIDIA A100 datasheet: BF16/FP16 Tensor Core 312 (624 with sparsity).
+  'a100_40g': {'bfloat16': 312, 'float16': 312},
+  # NVIDIA H100 datasheet, H100 SXM: BF16/FP16 1,979, FP8 3,958 with
+  # sparsity.
+  'h100_sxm_80g': {'bfloat16': 1979 / 2, 'float16': 1979 / 2,
+                   'float8': 3958 / 2},
+  # NVIDIA H200 datasheet, H200 SXM: same as H100 SXM.
+  'h200_141g': {'bfloat16': 1979 / 2, 'float16': 1979 / 2,
+                'float8': 3958 / 2},
+  # NVIDIA DGX/HGX B200, 8 GPUs: FP16/BF16 36 PF and FP8 72 PF with
+  # sparsity; FP4 72 PF dense (144 with sparsity).
+  'b200': {'bfloat16': 36e3 / 8 / 2, 'float16': 36e3 / 8 / 2,
+           'float8': 72e3 / 8 / 2, 'float4': 72e3 / 8},
+  # NVIDIA DGX/HGX B300, 8 GPUs: FP16/BF16 36 PF and FP8 72 PF with
+  # sparsity; FP4 108 PF dense (144 with sparsity).
+  'b300': {'bfloat16': 36e3 / 8 / 2, 'float16': 36e3 / 8 / 2,
+           'float8': 72e3 / 8 / 2, 'float4': 108e3 / 8},
+  # NVIDIA GB200 NVL72, 72 GPUs: FP16/BF16 360 PF, FP8 720 PF, FP4
+  # 1,440 PF, all with sparsity.
+  'gb200_nvl72': {'bfloat16': 360e3 / 72 / 2, 'float16': 360e3 / 72 / 2,
+                  'float8': 720e3 / 72 / 2, 'float4': 1440e3 / 72 / 2},
+  # NVIDIA GB300 NVL72, 72 GPUs: FP16/BF16 360 PF and FP8 720 PF with
+  # sparsity; FP4 1,080 PF dense (1,440 with sparsity).
+  'gb300_nvl72': {'bfloat16': 360e3 / 72 / 2, 'float16': 360e3 / 72 / 2,
+                  'float8': 720e3 / 72 / 2, 'float4': 1080e3 / 72},
+  # AMD Instinct MI300X: FP16/BF16 1,307.4, FP8 2,614.9 (dense).
+  'mi300x': {'bfloat16': 1307.4, 'float16': 1307.4, 'float8': 2614.9},
+  # AMD Instinct MI355X: FP16/BF16 2.5 PF, FP8 5 PF, MXFP4 10.1 PF (dense).
+  'mi355x': {'bfloat16': 2500, 'float16': 2500, 'float8': 5000,
+             'float4': 10100},
+}
+NEW = sorted(DATASHEET_TFLOPS)
+
+# Maximum achievable matmul TFLOP/s (BF16, FP8) measured by mamf-finder.py,
+# github.com/stas00/ml-engineering compute/accelerator/README.md.
+MEASURED_GEMM = {
+  'a100_40g': {'bfloat16': 271.2},
+  'h100_sxm_80g': {'bfloat16': 794.5, 'float8': 1402.6},
+  'h200_141g': {'bfloat16': 794.5, 'float8': 1453.4},
+  'b200': {'bfloat16': 1745.0, 'float8': 3432.5},
+  'b300': {'bfloat16': 1769.0, 'float8': 3353.3},
+  'gb200_nvl72': {'bfloat16': 1822.0, 'float8': 3615.6},
+  'mi300x': {'bfloat16': 668.4},
+  'mi355x': {'bfloat16': 1565.0},
+}
+
+# HBM per GPU (datasheets): GB and TB/s.
+HBM = {'a100_40g': (40, 1555), 'h100_sxm_80g': (80, 3350),
+       'h200_141g': (141, 4800), 'b200': (180, 8000), 'b300': (288, 8000),
+       'gb200_nvl72': (186, 8000), 'gb300_nvl72': (288, 8000),
+       'mi300x': (192, 5300), 'mi355x': (288, 8000)}
+
+# Scale-up domain and its per-direction bandwidth per GPU (GB/s): NVLink3
+# 600, NVLink4 900, NVLink5 1,800 GB/s bidirectional; Infinity Fabric 7
+# links of 128 (MI300X) or 153 (MI355X) GB/s bidirectional.
+SCALE_UP = {'a100_40g': (8, 300), 'h100_sxm_80g': (8, 450),
+            'h200_141g': (8, 450), 'b200': (8, 900), 'b300': (8, 900),
+            'gb200_nvl72': (72, 900), 'gb300_nvl72': (72, 900),
+            'mi300x': (8, 448), 'mi355x': (8, 535.5)}
+# Scale-out per GPU (GB/s): 200 Gb/s HDR, 400 Gb/s ConnectX-7 / Pollara,
+# 800 Gb/s ConnectX-8.
+SCALE_OUT = {'a100_40g': 25, 'h100_sxm_80g': 50, 'h200_141g': 50,
+             'b200': 50, 'b300': 100, 'gb200_nvl72': 50, 'gb300_nvl72': 100,
+             'mi300x': 50, 'mi355x': 50}
+
+
+def system(name):
+  return SystemConfig.from_dict(load_json(repo('systems', name + '.json')),
+                                name)
+
+
+def test_every_bundled_system_loads():
+  names = [os.path.basename(s)[:-5] for s in SYSTEMS]
+  assert set(NEW) <= set(names)
+  for path in SYSTEMS:
+    SystemConfig.from_dict(load_json(path), path)
+
+
+@pytest.mark.parametrize('name', NEW)
+def test_new_system_describes_itself(name):
+  doc = load_json(repo('systems', name + '.json'))
+  assert doc['name'] and doc['source'] and doc['notes']
+
+
+@pytest.mark.parametrize('name', NEW)
+def test_peak_tflops_are_dense_datasheet_numbers(name):
+  sys_cfg = system(name)
+  peaks = {d: f / 1e12 for d, f in sys_cfg.matrix.peak_flops.items()}
+  assert peaks == pytest.approx(DATASHEET_TFLOPS[name], abs=0.06)
+  assert set(sys_cfg.vector.peak_flops) == set(peaks)
+
+
+@pytest.mark.parametrize('name', sorted(MEASURED_GEMM))
+def test_large_gemm_efficiency_is_the_measured_one(name):
+  sys_cfg = system(name)
+  for dtype, tflops in MEASURED_GEMM[name].items():
+    peak = sys_cfg.matrix.peak_flops[dtype] / 1e12
+    top = sys_cfg.matrix.efficiency[dtype].points[0]
+    assert top[0] == 128e9
+    assert top[1] == pytest.approx(tflops / peak, abs=0.006), dtype
+
+
+@pytest.mark.parametrize('name', NEW)
+def test_memory_and_networks(name):
+  sys_cfg = system(name)
+  gb, gbps = HBM[name]
+  assert sys_cfg.mem1.capacity_bytes == gb * 2 ** 30
+  assert sys_cfg.mem1.bandwidth_bytes_per_s == gbps * 1e9
+  up, out = sys_cfg.networks[0], sys_cfg.networks[1]
+  assert (up.size, up.bandwidth_bytes_per_s / 1e9) == SCALE_UP[name]
+  assert up.must_be_filled and not out.must_be_filled
+  assert out.bandwidth_bytes_per_s / 1e9 == SCALE_OUT[name]
+
+
+def test_mesh_ops_price_a_group_on_its_own_links():
+  # MI300X: a reduce-scatter among p GPUs uses p - 1 links of 64 GB/s per
+  # direction: n (p-1)/p bytes take n / (64 p) seconds at the link rate.
+  from calculon.hardware.network import Networks
+  net = Networks([system('mi300x').networks[0]])
+  n, eff = 1e9, 0.7
+  for p in (2, 4, 8):
+    t = net.time_s('reduce_scatter', n, p, 0) - 1e-05
+    assert t == pytest.approx(n / (64e9 * p) / eff, rel=2e-3), p
+  assert net.time_s('p2p', n, 2, 0) - 1e-05 == pytest.approx(n / 64e9 / eff)
+
+
+EXE = {
+  'num_procs': 16, 'tensor_par': 8, 'pipeline_par': 1, 'data_par': 2,
+  'tensor_par_net': 0, 'pipeline_par_net': 0, 'data_par_net': 1,
+  'batch_size': 16, 'microbatch_size': 1, 'datatype': 'bfloat16',
+  'fused_activation': True, 'activation_recompute': 'full',
+  'pipeline_interleaving': 1, 'tensor_par_comm_type': 'rs_ag',
+  'tensor_par_overlap': 'none', 'seq_par_ag_redo': False,
+  'data_par_overlap': True, 'weight_offload': False,
+  'activations_offload': False, 'optimizer_offload': False, 'training': True,
+  'data_par_sharding': 'optimizer', 'attention_kernel': 'flash'}
+
+
+def _exe(tmp_path, **changes):
+  path = tmp_path / ('exe_' + '_'.join(map(str, changes.values())) + '.json')
+  path.write_text(json.dumps(dict(EXE, **changes)))
+  return str(path)
+
+
+def test_llm_prices_llama3_8b_on_every_new_system(tmp_path, capsys):
+  app = repo('models', 'llama3-8B.json')
+  times = {}
+  for name in NEW:
+    for dtype in DATASHEET_TFLOPS[name]:
+      if dtype == 'float16':
+        continue
+      recipe = 'uniform' if dtype == 'bfloat16' else 'transformer_engine'
+      exe = _exe(tmp_path, datatype=dtype, precision_recipe=recipe)
+      out = tmp_path / f'{name}_{dtype}.json'
+      assert main(['llm', app, exe, repo('systems', name + '.json'),
+                   str(out)]) == 0, (name, dtype)
+      stats = load_json(out)
+      times[name, dtype] = stats['total_time']
+      assert stats['sample_rate'] > 0
+  capsys.readouterr()
+  # Narrower datatypes are faster; B200 is faster than H100 than A100.
+  for name in NEW:
+    dtypes = [d for d in ('bfloat16', 'float8', 'float4')
+              if (name, d) in times]
+    assert [times[name, d] for d in dtypes] == sorted(
+      (times[name, d] for d in dtypes), reverse=True), name
+  assert times['b200', 'bfloat16'] < times['h100_sxm_80g', 'bfloat16'] < \
+    times['a100_40g', 'bfloat16']
+
+
+def test_llm_cli_accepts_gb200_nvl72(tmp_path):
+  out = run_cli('llm', repo('models', 'llama3-8B.json'), _exe(tmp_path),
+                repo('systems', 'gb200_nvl72.json'), '-')
+  assert out.returncode == 0, out.stderr
+  assert 'MFU' in out.stdout and 'sequence 8192' in out.stdout
