@@ -89,4 +89,16 @@ def run_parameter_calculator(args, log):
     name = name[:-5]
   log.info(f'{name}{" " * (args.alignment - len(name))} -> '
            f'{human_format(app.num_parameters())}')
+  config = app.config
+  parts = config.parameter_breakdown()
+  total = config.num_parameters()
+  for part, n in parts.items():
+    if n or part != 'lm_head':
+      share = 100 * n / total if total else 0.0
+      log.info(f'  {part.replace("_", " "):<16} {n:>20,} {share:6.2f} %')
+  log.info(f"  {'total':<16} {total:>20,}")
+  if config.is_moe:
+    active = config.num_active_parameters()
+    log.info(f"  {'active':<16} {active:>20,} (top {config.top_k} of "
+             f'{config.num_experts} experts per token)')
   return EXIT_OK
