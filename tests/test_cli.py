@@ -106,7 +106,17 @@ def test_usage_errors_exit_2():
 def test_parameter_calculator():
   res = run_cli('llm-parameter-calculator', repo('models', 'gpt3-175B.json'))
   assert res.returncode == 0
-  assert res.stdout.strip() == 'gpt3-175B     -> 174.616 G'
+  lines = res.stdout.strip().splitlines()
+  # Calculon's line first, then the breakdown (Narayanan et al. 2021 eq. 2
+  # written out: embedding (51,200 + 2,048) x 12,288; per block attention
+  # 4 h^2 + 4 h biases, MLP 8 h^2 + 5 h, two LayerNorms 4 h).
+  assert lines[0] == 'gpt3-175B     -> 174.616 G'
+  h = 12288
+  parts = dict(line.split()[:2] for line in lines[1:])
+  assert int(parts['embedding'].replace(',', '')) == (51200 + 2048) * h
+  assert int(parts['attention'].replace(',', '')) == 96 * (4 * h * h + 4 * h)
+  assert int(parts['mlp'].replace(',', '')) == 96 * (8 * h * h + 5 * h)
+  assert int(parts['total'].replace(',', '')) == 174_615_822_336
 
 
 @pytest.fixture(scope='module')
