@@ -11,7 +11,10 @@ into a temporary folder.  Both versions run the same commands through
 ``python -m calculon`` with ``PYTHONPATH`` set to their folder, from a
 neutral working folder (the current one is not on the path), in the same
 Python and environment, interleaved (baseline, current, baseline, ...)
-after two warm-up runs each.  Byte-code caching is on
+after two warm-up runs each.  A third row runs this checkout with
+``OPENBLAS_NUM_THREADS`` set to the number of cores (what OpenBLAS starts
+by default, as the baseline does): the effect of the lazy imports alone.
+Byte-code caching is on
 (``PYTHONDONTWRITEBYTECODE`` is removed from the children's environment),
 as in a normal installation: each version compiles its modules once, in
 the warm-up.  Times are wall-clock seconds of the whole process (start-up,
@@ -83,25 +86,33 @@ def extract_baseline(rev, dest):
     tar.extractall(dest)
 
 
-def env_for(code_root):
+def env_for(code_root, blas_threads=None):
+  """The children's environment: byte-code caching on, ``code_root`` on the
+  path, ``OPENBLAS_NUM_THREADS`` unset (or ``blas_threads``)."""
   env = {k: v for k, v in os.environ.items()
-         if k not in ('PYTHONDONTWRITEBYTECODE', 'PYTHONPATH')}
+         if k not in ('PYTHONDONTWRITEBYTECODE', 'PYTHONPATH',
+                      'OPENBLAS_NUM_THREADS')}
   env['PYTHONPATH'] = code_root
+  if blas_threads:
+    env['OPENBLAS_NUM_THREADS'] = str(blas_threads)
   return env
 
 
-def run(code_root, args, cwd, env=None):
-  """(seconds, CompletedProcess) of ``python -m calculon ARGS``."""
+def run(version, args, cwd):
+  """(seconds, CompletedProcess) of ``python -m calculon ARGS``;
+  ``version`` is (name, code root, OpenBLAS threads or None)."""
+  _, code_root, blas = version
+  env = env_for(code_root, blas)
   start = time.perf_counter()
   res = subprocess.run([sys.executable, '-m', 'calculon', *args], cwd=cwd,
-                       env=env or env_for(code_root), capture_output=True,
-                       text=True)
+                       env=env, capture_output=True, text=True)
   return time.perf_counter() - start, res
 
 
-def modules(code_root, args, cwd):
+def modules(version, args, cwd):
   """(number of modules imported, heavy packages among them)."""
-  env = env_for(code_root)
+  _, code_root, blas = version
+  env = env_for(code_root, blas)
   res = subprocess.run([sys.executable, '-X', 'importtime', '-m', 'calculon',
                         *args], cwd=cwd, env=env, capture_output=True,
                        text=True)
@@ -135,8 +146,11 @@ def main():
     os.makedirs(old_root)
     os.makedirs(work)
     extract_baseline(args.baseline, old_root)
-    versions = [(f'main at {args.baseline}', old_root), ('this checkout', ROOT)]
-    for _, root in versions:
+    cores = os.cpu_count() or 1
+    versions = [(f'main at {args.baseline}', old_root, None),
+                ('this checkout', ROOT, None),
+                (f'this checkout, OPENBLAS_NUM_THREADS={cores}', ROOT, cores)]
+    for _, root, _ in versions[:2]:
       check_version(root, work, os.path.join(root, 'calculon'))
     print(f'Python {sys.version.split()[0]} ({sys.executable}); '
           f'{args.repeat} runs per command and version, interleaved, after 2 '
@@ -147,30 +161,33 @@ def main():
     print('|---|---|---:|---:|---:|---|')
     ratios = []
     for label, cmd in cases(work):
-      times = {root: [] for _, root in versions}
-      for _, root in versions:
+      times = {v[0]: [] for v in versions}
+      for version in versions:
         for _ in range(2):
-          _, res = run(root, cmd, work)
+          _, res = run(version, cmd, work)
           if res.returncode != 0:
-            sys.exit(f'startup.py: {" ".join(cmd)} failed with {root}:\n'
+            sys.exit(f'startup.py: {" ".join(cmd)} failed with {version}:\n'
                      f'{res.stderr}')
       for _ in range(args.repeat):
-        for _, root in versions:
-          seconds, _ = run(root, cmd, work)
-          times[root].append(seconds)
+        for version in versions:
+          seconds, _ = run(version, cmd, work)
+          times[version[0]].append(seconds)
       medians = []
-      for name, root in versions:
-        n, heavy = modules(root, cmd, work)
-        med = statistics.median(times[root])
+      for version in versions:
+        name = version[0]
+        n, heavy = modules(version, cmd, work)
+        med = statistics.median(times[name])
         medians.append(med)
-        print(f'| {label} | {name} | {med:.3f} | {min(times[root]):.3f} | '
+        print(f'| {label} | {name} | {med:.3f} | {min(times[name]):.3f} | '
               f'{n} | {", ".join(heavy) or "-"} |')
-      ratios.append((label, medians[1] / medians[0]))
+      ratios.append((label, medians[1] / medians[0],
+                     medians[2] / medians[0]))
     print()
-    print('| command | this checkout / baseline (medians) |')
-    print('|---|---:|')
-    for label, ratio in ratios:
-      print(f'| {label} | {100 * ratio:.0f} % |')
+    print('| command | this checkout / baseline | same, OpenBLAS threads '
+          'as the baseline |')
+    print('|---|---:|---:|')
+    for label, ratio, ratio_blas in ratios:
+      print(f'| {label} | {100 * ratio:.0f} % | {100 * ratio_blas:.0f} % |')
     print()
     print('Bad output paths (this checkout): exit status, first line of '
           'stderr, seconds (median of 5)')
@@ -178,7 +195,7 @@ def main():
     print('| command | exit | stderr | median s |')
     print('|---|---:|---|---:|')
     for label, cmd in BAD_OUTPUTS:
-      runs = [run(ROOT, cmd, work) for _ in range(5)]
+      runs = [run(versions[1], cmd, work) for _ in range(5)]
       res = runs[0][1]
       line = (res.stderr.strip().splitlines() or [''])[0]
       print(f'| {label} | {res.returncode} | `{line}` | '
