@@ -45,3 +45,23 @@ def test_single_run_and_parameter_count_load_no_heavy_package():
 def test_bad_output_fails_before_loading_the_model(tmp_path):
   assert loaded(['llm', APP, EXE, SYS, str(tmp_path / 'no' / 's.json')],
                 HEAVY + ('numpy', 'calculon.llm')) == (2, [])
+
+
+def test_every_command_is_in_the_lazy_registry():
+  """cli.main.COMMAND_OF names the module of every command, so that a run
+  builds (and imports) only its own command's parser."""
+  import argparse
+  from calculon.cli import main as cli
+  parser = cli.build_parser()
+  sub = next(a for a in parser._actions
+             if isinstance(a, argparse._SubParsersAction))
+  names = set(sub.choices) - {'version', 'v'}
+  assert names == set(cli.COMMAND_OF)
+  for name, module in cli.COMMAND_OF.items():
+    only = cli.build_parser([name])
+    sub = next(a for a in only._actions
+               if isinstance(a, argparse._SubParsersAction))
+    assert name in sub.choices, (name, module)
+  assert cli.command_in(['-l', 'x.log', '-v', 'INFO', 'loe', '-h']) == 'loe'
+  assert cli.command_in(['--log=x', '-vDEBUG', 'sweep']) == 'sweep'
+  assert cli.command_in(['-h', 'llm']) is None
