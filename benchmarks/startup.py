@@ -18,7 +18,9 @@ Byte-code caching is on
 (``PYTHONDONTWRITEBYTECODE`` is removed from the children's environment),
 as in a normal installation: each version compiles its modules once, in
 the warm-up.  Times are wall-clock seconds of the whole process (start-up,
-imports, work, exit); the table shows the median and the minimum.  The
+imports, work, exit); the table shows the median and the minimum, and the
+median CPU time (user + system, every thread: less sensitive to other
+load on the machine).  The
 last table times the four commands of issue 12 whose output path is bad
 (current version only: the baseline runs their whole work first).
 """
@@ -26,6 +28,7 @@ last table times the four commands of issue 12 whose output path is bad
 import argparse
 import io
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -98,15 +101,24 @@ def env_for(code_root, blas_threads=None):
   return env
 
 
-def run(version, args, cwd):
-  """(seconds, CompletedProcess) of ``python -m calculon ARGS``;
-  ``version`` is (name, code root, OpenBLAS threads or None)."""
+def _cpu():
+  use = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return use.ru_utime + use.ru_stime
+
+
+def run(version, args, cwd, cpu=None):
+  """(wall seconds, CompletedProcess) of ``python -m calculon ARGS``;
+  ``version`` is (name, code root, OpenBLAS threads or None); appends the
+  CPU seconds (user + system, all threads) to the list ``cpu``."""
   _, code_root, blas = version
   env = env_for(code_root, blas)
-  start = time.perf_counter()
+  cpu_start, start = _cpu(), time.perf_counter()
   res = subprocess.run([sys.executable, '-m', 'calculon', *args], cwd=cwd,
                        env=env, capture_output=True, text=True)
-  return time.perf_counter() - start, res
+  wall = time.perf_counter() - start
+  if cpu is not None:
+    cpu.append(_cpu() - cpu_start)
+  return wall, res
 
 
 def modules(version, args, cwd):
@@ -156,12 +168,13 @@ def main():
           f'{args.repeat} runs per command and version, interleaved, after 2 '
           'warm-up runs; wall-clock seconds of the whole process.')
     print()
-    print('| command | version | median s | min s | modules imported | '
-          'heavy packages loaded |')
-    print('|---|---|---:|---:|---:|---|')
+    print('| command | version | median s | min s | CPU s (median) | '
+          'modules imported | heavy packages loaded |')
+    print('|---|---|---:|---:|---:|---:|---|')
     ratios = []
     for label, cmd in cases(work):
       times = {v[0]: [] for v in versions}
+      cpus = {v[0]: [] for v in versions}
       for version in versions:
         for _ in range(2):
           _, res = run(version, cmd, work)
@@ -170,24 +183,28 @@ def main():
                      f'{res.stderr}')
       for _ in range(args.repeat):
         for version in versions:
-          seconds, _ = run(version, cmd, work)
+          seconds, _ = run(version, cmd, work, cpus[version[0]])
           times[version[0]].append(seconds)
-      medians = []
+      medians, cpu_medians = [], []
       for version in versions:
         name = version[0]
         n, heavy = modules(version, cmd, work)
         med = statistics.median(times[name])
         medians.append(med)
+        cpu_medians.append(statistics.median(cpus[name]))
         print(f'| {label} | {name} | {med:.3f} | {min(times[name]):.3f} | '
-              f'{n} | {", ".join(heavy) or "-"} |')
+              f'{statistics.median(cpus[name]):.3f} | {n} | '
+              f'{", ".join(heavy) or "-"} |')
       ratios.append((label, medians[1] / medians[0],
+                     cpu_medians[1] / cpu_medians[0],
                      medians[2] / medians[0]))
     print()
-    print('| command | this checkout / baseline | same, OpenBLAS threads '
-          'as the baseline |')
-    print('|---|---:|---:|')
-    for label, ratio, ratio_blas in ratios:
-      print(f'| {label} | {100 * ratio:.0f} % | {100 * ratio_blas:.0f} % |')
+    print('| command | this checkout / baseline (wall) | (CPU) | lazy imports '
+          'only: OpenBLAS threads as the baseline (wall) |')
+    print('|---|---:|---:|---:|')
+    for label, ratio, ratio_cpu, ratio_blas in ratios:
+      print(f'| {label} | {100 * ratio:.0f} % | {100 * ratio_cpu:.0f} % | '
+            f'{100 * ratio_blas:.0f} % |')
     print()
     print('Bad output paths (this checkout): exit status, first line of '
           'stderr, seconds (median of 5)')

@@ -5,7 +5,6 @@ Reading never lets an OS or JSON error escape: a missing file or malformed
 JSON raises :class:`~calculon.errors.ConfigError` naming the file.
 """
 
-import gzip
 import json
 import math
 import os
@@ -26,7 +25,10 @@ def is_csv_extension(filename):
 
 
 def _opener(filename):
-  return gzip.open if filename.endswith('.gz') else open
+  if filename.endswith('.gz'):
+    import gzip  # here, not at the top: command start-up
+    return gzip.open
+  return open
 
 
 def read_text_file(filename, what='file'):

@@ -35,6 +35,39 @@ def positive_int(arg):
   return value
 
 
+def _columns():
+  """Terminal width as shutil.get_terminal_size() computes it, without
+  importing shutil (which imports bz2 and lzma: ~10 ms of start-up)."""
+  try:
+    columns = int(os.environ.get('COLUMNS', '0'))
+  except ValueError:
+    columns = 0
+  if columns <= 0:
+    try:
+      columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
+    except (AttributeError, ValueError, OSError):
+      columns = 0
+  return columns or 80
+
+
+class _Formatter(argparse.HelpFormatter):
+  """argparse's formatter, given the width (argparse would import shutil
+  for it, for every argument added)."""
+
+  def __init__(self, prog, indent_increment=2, max_help_position=24,
+               width=None):
+    super().__init__(prog, indent_increment, max_help_position,
+                     width if width is not None else _columns() - 2)
+
+
+class _Parser(argparse.ArgumentParser):
+  """ArgumentParser with :class:`_Formatter` (sub-commands included)."""
+
+  def __init__(self, *args, **kwargs):
+    kwargs.setdefault('formatter_class', _Formatter)
+    super().__init__(*args, **kwargs)
+
+
 #: Modules of calculon.cli that register commands (``add_parsers(sp)``).
 COMMAND_MODULES = ('llm', 'search', 'validation', 'tools', 'sweep', 'plot')
 #: Which of them registers each command name (aliases included), so that a
@@ -81,7 +114,7 @@ def build_parser(argv=None):
   a command of :data:`COMMAND_OF`, only the module registering it."""
   command = command_in(argv) if argv is not None else None
   only = COMMAND_OF.get(command) if command else None
-  ap = argparse.ArgumentParser(
+  ap = _Parser(
     prog='calculon',
     description='Calculon: co-design for large scale parallel applications '
     '(analytical performance model of LLM training and inference).')
@@ -91,7 +124,8 @@ def build_parser(argv=None):
                   help='logging level: DEBUG, INFO, WARNING, ERROR')
   ap.add_argument('--version', action='version',
                   version=f'calculon {calculon.__version__}')
-  sp = ap.add_subparsers(title='commands', dest='command', metavar='COMMAND')
+  sp = ap.add_subparsers(title='commands', dest='command', metavar='COMMAND',
+                         parser_class=_Parser)
   sp.required = True
   version = sp.add_parser('version', aliases=['v'],
                           help='show the version and exit')
