@@ -99,12 +99,6 @@ def extension_of(path, kinds):
   return None
 
 
-def _kinds_text(kinds):
-  names = [f'*{k}' for k in kinds]
-  return names[0] if len(names) == 1 else \
-    ', '.join(names[:-1]) + ' or ' + names[-1]
-
-
 def check_output_path(path, kinds=(), *, want_dir=False, what='output',
                       option=None, allow_stdout=False):
   """Checks, before any work, that ``path`` can be written.

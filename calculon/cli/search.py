@@ -32,7 +32,6 @@ class _Datatypes:
     return value in self._names()
 
 
-
 def true_false_both(arg):
   """Calculon's -f values: true, false or both."""
   if arg in ('t', 'true', 'T', 'True', '1'):
