@@ -5,13 +5,13 @@ Reading never lets an OS or JSON error escape: a missing file or malformed
 JSON raises :class:`~calculon.errors.ConfigError` naming the file.
 """
 
-import gzip
 import json
 import math
 import os
 
 import numpy as np
 
+from calculon import outputs
 from calculon.errors import ConfigError
 
 
@@ -25,7 +25,10 @@ def is_csv_extension(filename):
 
 
 def _opener(filename):
-  return gzip.open if filename.endswith('.gz') else open
+  if filename.endswith('.gz'):
+    import gzip  # here, not at the top: command start-up
+    return gzip.open
+  return open
 
 
 def read_text_file(filename, what='file'):
@@ -80,22 +83,29 @@ def _clean(obj):
   return obj
 
 
-def write_json_file(data, filename):
-  """Writes ``data`` as JSON (indented for .json, compact for .json.gz).
+def json_text(data, filename):
+  """``data`` as JSON text: indented for .json, compact for .json.gz
+  (numpy values become Python values, NaN becomes null)."""
+  indent = None if filename.endswith('.gz') else 2
+  return json.dumps(_clean(data), indent=indent)
+
+
+def write_json_file(data, filename, rescue=False):
+  """Writes ``data`` as JSON (indented for .json, compact gzip for
+  .json.gz), atomically (:mod:`calculon.outputs`).
+
+  Args:
+    rescue: when the write fails, save the content elsewhere (see
+      :func:`calculon.outputs.write_bytes`).
 
   Raises:
     ConfigError: ``filename`` is not a .json/.json.gz path.
-    OSError: the file cannot be written.
+    calculon.outputs.WriteError (an OSError): the file cannot be written.
   """
   if not is_json_extension(filename):
     raise ConfigError(f'{filename}: output must end in .json or .json.gz',
                       source=filename)
-  indent = None if filename.endswith('.gz') else 2
-  text = json.dumps(_clean(data), indent=indent)
-  tmp = filename + '.tmp'
-  with _opener(filename)(tmp, 'wb') as fd:
-    fd.write(text.encode('utf-8'))
-  os.replace(tmp, filename)
+  outputs.write_text(filename, json_text(data, filename), rescue=rescue)
 
 
 def load_application(filename):
@@ -165,20 +175,25 @@ def read_table(filename):
                     'records', source=filename)
 
 
-def write_table(frame, filename):
-  """Writes a result DataFrame as .csv(.gz), .parquet or .json(.gz).
+def write_table(frame, filename, rescue=False):
+  """Writes a result DataFrame as .csv(.gz), .parquet or .json(.gz),
+  atomically (:mod:`calculon.outputs`).
 
   JSON uses Calculon's search output structure when the 23 execution fields
   are columns (the other columns go to "stats"), else a list of records.
 
   Raises:
     ConfigError: unknown extension.
+    calculon.outputs.WriteError (an OSError): the file cannot be written.
   """
   from calculon.config.execution import FIELDS
   if is_csv_extension(filename):
-    frame.to_csv(filename, index=False)
+    outputs.write_text(filename, frame.to_csv(index=False), rescue=rescue)
   elif filename.endswith('.parquet'):
-    frame.to_parquet(filename, index=False)
+    from io import BytesIO
+    buffer = BytesIO()
+    frame.to_parquet(buffer, index=False)
+    outputs.write_bytes(filename, buffer.getvalue(), rescue=rescue)
   elif is_json_extension(filename):
     records = frame.to_dict(orient='records')
     if all(f in frame.columns for f in FIELDS):
@@ -187,9 +202,9 @@ def write_table(frame, filename):
         key = str(row.pop('rank', i))
         out[key] = {'execution': {f: row.pop(f) for f in FIELDS},
                     'stats': row}
-      write_json_file(out, filename)
+      write_json_file(out, filename, rescue)
     else:
-      write_json_file(records, filename)
+      write_json_file(records, filename, rescue)
   else:
     raise ConfigError(f'{filename}: unknown table format (use .csv, .csv.gz, '
                       '.parquet, .json or .json.gz)', source=filename)

@@ -7,15 +7,13 @@ this process (simplest to debug, no pickling).
 """
 
 from collections import deque
-import multiprocessing as mp
 import os
 import signal
-
-import psutil
 
 
 def default_workers():
   """Physical cores (Calculon's default for -c), at least 1."""
+  import psutil  # here, not at the top: command start-up
   return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
 
 
@@ -30,6 +28,7 @@ def _init(initializer, initargs):
 
 
 def _context():
+  import multiprocessing as mp
   methods = mp.get_all_start_methods()
   return mp.get_context('fork' if 'fork' in methods else 'spawn')
 

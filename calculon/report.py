@@ -251,7 +251,8 @@ def _markdown_table(columns, rows):
 
 
 def write_run_report(directory, data):
-  """Writes the report of :class:`RunData` ``data`` into ``directory``.
+  """Writes the report of :class:`RunData` ``data`` into ``directory``
+  (created if missing), each file atomically (:mod:`calculon.outputs`).
 
   Files: ``report.md`` (all sections), ``report.txt`` (the text report),
   ``summary.json`` (execution, statistics, extra statistics),
@@ -261,10 +262,13 @@ def write_run_report(directory, data):
 
   Returns:
     list of the paths written.
+
+  Raises:
+    calculon.outputs.WriteError: a file cannot be written.
   """
   import pandas as pd
-  from calculon import io
-  os.makedirs(directory, exist_ok=True)
+  from calculon import io, outputs
+  outputs.ensure_dir(directory)
   path = lambda name: os.path.join(directory, name)  # noqa: E731
   written = []
   time_df = pd.DataFrame(data.time_breakdown(),
@@ -276,15 +280,14 @@ def write_run_report(directory, data):
   layers_df = pd.DataFrame(data.layers())
   for name, frame in (('time_breakdown.csv', time_df), ('memory.csv', mem_df),
                       ('bandwidth.csv', bw_df), ('layers.csv', layers_df)):
-    frame.to_csv(path(name), index=False)
+    outputs.write_text(path(name), frame.to_csv(index=False))
     written.append(path(name))
   stats = {k: v for k, v in data.stats.items() if k != 'layers'}
   io.write_json_file({'application': data.app.to_dict(),
                       'execution': data.exe.to_dict(), 'stats': stats,
                       'extra_stats': data.extra}, path('summary.json'))
   written.append(path('summary.json'))
-  with open(path('report.txt'), 'w') as fd:
-    fd.write(text_report(data) + '\n')
+  outputs.write_text(path('report.txt'), text_report(data) + '\n')
   written.append(path('report.txt'))
   written += _charts(directory, data)
 
@@ -320,8 +323,7 @@ def write_run_report(directory, data):
              f"{1e3 * r['agrad_time_s']:.3f}",
              f"{1e3 * r['wgrad_time_s']:.3f}", _b(r['activation_bytes']))
             for r in data.layers()])]
-  with open(path('report.md'), 'w') as fd:
-    fd.write('\n'.join(md) + '\n')
+  outputs.write_text(path('report.md'), '\n'.join(md) + '\n')
   written.append(path('report.md'))
   return written
 

@@ -258,7 +258,7 @@ def test_bad_input_exits_2(tmp_path, spec_file):
   afile = tmp_path / 'file.parquet'
   afile.write_text('x')
   res = cli('sweep', spec_file, afile)
-  assert res.returncode == 2 and 'is not a folder' in res.stderr
+  assert res.returncode == 2 and 'is a file, not a folder' in res.stderr
   res = cli('sweep', spec_file, tmp_path / 'o.parquet', '--scheduler',
             'tcp://127.0.0.1:9', '--workers', '2')
   assert res.returncode == 2 and '--workers' in res.stderr

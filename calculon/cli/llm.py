@@ -1,12 +1,14 @@
-"""``calculon llm`` (one run) and ``calculon llm-parameter-calculator``."""
+"""``calculon llm`` (one run) and ``calculon llm-parameter-calculator``.
+
+Start-up matters here (users script thousands of single runs): this module
+imports the model only in its handlers, and pandas, pyarrow, matplotlib
+and dask only when an option needs them (``--report``).
+"""
 
 import os
 
-from calculon import io
+from calculon import outputs
 from calculon.cli.main import EXIT_INFEASIBLE, EXIT_OK
-from calculon.errors import ConfigError
-from calculon.llm import Llm
-from calculon.units import human_format
 
 
 def add_parsers(sp):
@@ -36,19 +38,33 @@ def add_parsers(sp):
   q.set_defaults(func=run_parameter_calculator)
 
 
+def check_outputs(args):
+  """Checks every output of ``calculon llm`` (before any work).
+
+  Raises:
+    ConfigError: one line naming the output and the problem.
+  """
+  outputs.check_output_path(args.stats, outputs.JSON_KINDS,
+                            what='stats output', allow_stdout=True)
+  if args.peers is not None:
+    outputs.check_output_path(args.peers, outputs.JSON_KINDS,
+                              what='peers output', option='-p/--peers')
+  if args.report is not None:
+    outputs.check_output_path(args.report, want_dir=True,
+                              what='report folder', option='--report')
+
+
 def run_llm(args, log):
-  if not (args.stats == '-' or io.is_json_extension(args.stats)):
-    raise ConfigError(f"{args.stats}: stats output must be '-', *.json or "
-                      '*.json.gz', source=args.stats)
+  check_outputs(args)
+  from calculon import io
   model = run_files(args.application, args.execution, args.system, log)
   if model is None:
     return EXIT_INFEASIBLE
   exe = model.exe
-  stats = model.get_stats_json(args.layers)
   if args.stats == '-':
     model.display_stats()
   else:
-    io.write_json_file(stats, args.stats)
+    io.write_json_file(model.get_stats_json(args.layers), args.stats)
   if args.peers:
     io.write_json_file(exe.get_peers_json(), args.peers)
   if args.report:
@@ -68,7 +84,9 @@ def run_files(app_path, exe_path, sys_path, log):
   Raises:
     ConfigError: a file is missing or invalid.
   """
+  from calculon import io
   from calculon.hardware import System
+  from calculon.llm import Llm
   app = Llm.Application(io.read_json_file(app_path), app_path)
   exe = Llm.Execution.from_json(io.read_json_file(exe_path), exe_path)
   system = System(io.read_json_file(sys_path), sys_path)
@@ -83,7 +101,9 @@ def run_files(app_path, exe_path, sys_path, log):
 
 
 def run_parameter_calculator(args, log):
-  app = Llm.Application(io.read_json_file(args.application), args.application)
+  from calculon import io
+  from calculon.units import human_format
+  app = io.load_application(args.application)
   name, _ = os.path.splitext(os.path.basename(args.application))
   if name.endswith('.json'):
     name = name[:-5]

@@ -1,16 +1,35 @@
-"""``calculon llm-optimal-execution`` and ``calculon llm-all-executions``."""
+"""``calculon llm-optimal-execution`` and ``calculon llm-all-executions``.
+
+The model, the search and the writers are imported by the handlers, after
+the output has been checked (:mod:`calculon.outputs`).
+"""
 
 import argparse
 import sys
 
-from calculon import io
+from calculon import outputs
 from calculon.cli.main import (
   EXIT_INFEASIBLE, EXIT_INTERRUPTED, EXIT_OK, positive_int)
-from calculon.config.execution import DATATYPE_NAMES, PRECISION_RECIPE_NAMES
-from calculon.errors import ConfigError
-from calculon.llm import search as S
-from calculon.parallel import default_workers
 
+#: Outputs of each search command.
+OPTIMAL_KINDS = outputs.JSON_KINDS + outputs.CSV_KINDS
+ALL_KINDS = outputs.CSV_KINDS + outputs.PARQUET_KINDS
+
+
+class _Datatypes:
+  """argparse choices: calculon.config.execution.DATATYPE_NAMES, imported
+  only when argparse checks a value or prints the help (start-up)."""
+
+  @staticmethod
+  def _names():
+    from calculon.config.execution import DATATYPE_NAMES
+    return DATATYPE_NAMES
+
+  def __iter__(self):
+    return iter(self._names())
+
+  def __contains__(self, value):
+    return value in self._names()
 
 
 def true_false_both(arg):
@@ -25,17 +44,17 @@ def true_false_both(arg):
     f'invalid value {arg!r}: use true, false or both')
 
 
-
-def _common(p, outputs):
+def _common(p, formats):
   p.add_argument('application', help='application JSON (model shape)')
   p.add_argument('num_procs', type=positive_int, help='number of processors')
   p.add_argument('max_batch_size', type=positive_int,
                  help='maximum global batch; each DP uses its largest '
                  'multiple not above it')
-  p.add_argument('datatype', choices=DATATYPE_NAMES, help='datatype')
+  p.add_argument('datatype', choices=_Datatypes(), metavar='DATATYPE',
+                 help='datatype: %(choices)s')
   p.add_argument('system', help='system JSON')
-  p.add_argument('output', help=f'output file ({outputs})')
-  p.add_argument('-c', '--cpus', type=positive_int, default=default_workers(),
+  p.add_argument('output', help=f'output file ({formats})')
+  p.add_argument('-c', '--cpus', type=positive_int, default=None,
                  help='worker processes (default: physical cores)')
   p.add_argument('-n', '--noneok', action='store_true',
                  help='exit 0 even when no execution is feasible')
@@ -52,14 +71,17 @@ def _common(p, outputs):
                  help="don't try TP communication overlap")
   p.add_argument('--no-dp-overlap', action='store_true',
                  help="don't try DP communication overlap")
-  p.add_argument('--space', choices=S.SPACES, default='auto',
+  p.add_argument('--space', choices=('auto', 'calculon', 'modern'),
+                 default='auto',
                  help="'calculon': Calculon's space exactly; 'modern': also "
                  'context parallelism, the four sharding levels (ZeRO-1/2/3, '
-                 'FSDP), the FlashAttention kernel, selective recomputation '
-                 "and PP degrees that do not divide the blocks; 'auto' "
-                 "(default): Calculon's for a Calculon application (no "
-                 'optional field), else modern')
-  p.add_argument('--precision-recipe', choices=PRECISION_RECIPE_NAMES,
+                 'FSDP), the FlashAttention kernel, selective recomputation, '
+                 'PP degrees that do not divide the blocks and, with experts, '
+                 "EP, ETP, dispatchers and their overlap; 'auto' (default): "
+                 "Calculon's for a Calculon application (no optional field), "
+                 'else modern')
+  p.add_argument('--precision-recipe', choices=('uniform',
+                                                'transformer_engine'),
                  default=None, help='modern space: precision recipe of '
                  "every candidate (default: 'transformer_engine' for float8 "
                  "and float4, else 'uniform')")
@@ -99,6 +121,8 @@ def add_parsers(sp):
 
 
 def _spec(args):
+  from calculon import io
+  from calculon.llm import search as S
   app = io.load_application(args.application)
   system = io.load_system(args.system)
   system.check_datatype(args.datatype)
@@ -135,6 +159,7 @@ class _Progress:
 
 def _summary(log, total, evaluated, feasible, reasons, elapsed_s, mbs_break,
              pruned=0):
+  from calculon.llm import search as S
   log.info(f'Total executions: {evaluated}')
   if mbs_break:
     log.info(f'Executions in the space: {total} ({total - evaluated} skipped '
@@ -150,11 +175,16 @@ def _summary(log, total, evaluated, feasible, reasons, elapsed_s, mbs_break,
   log.info(f'Calculation rate: {rate:.2f} calcs/sec ({elapsed_s:.3f} s)')
 
 
+def _cpus(args):
+  if args.cpus is not None:
+    return args.cpus
+  from calculon.parallel import default_workers
+  return default_workers()
+
+
 def run_optimal(args, log):
-  if not (io.is_json_extension(args.output) or
-          io.is_csv_extension(args.output)):
-    raise ConfigError(f'{args.output}: output must be *.json, *.json.gz, '
-                      '*.csv or *.csv.gz', source=args.output)
+  outputs.check_output_path(args.output, OPTIMAL_KINDS, what='output')
+  from calculon.llm import search as S
   spec = _spec(args)
   if args.debug:
     log.info(f'Total executions: {S.count_space(spec)}')
@@ -162,7 +192,7 @@ def run_optimal(args, log):
   total = S.count_space(spec)
   progress = _Progress(total, args.quiet)
   log.info(f'Search space: {spec.space}')
-  result = S.optimal_executions(spec, args.top_n, args.cpus, args.chunk,
+  result = S.optimal_executions(spec, args.top_n, _cpus(args), args.chunk,
                                 progress)
   progress.close()
   _summary(log, result.total, result.evaluated, result.feasible,
@@ -179,14 +209,22 @@ def run_optimal(args, log):
   log.info(f'Best sample rate: {result.best[0][0]}')
   from calculon.llm.results import best_to_output, write_best
   output = best_to_output(spec, result, args.layers)
-  write_best(output, args.output, partial=result.partial)
+  try:
+    write_best(output, args.output, partial=result.partial, rescue=True)
+  except outputs.WriteError as err:
+    if err.rescued is None:  # nowhere to save it: print it
+      from calculon.io import json_text
+      err.rescued = outputs.print_rescue(json_text(output, '-'))
+    raise
   log.info(f'Output: {args.output}')
   return EXIT_INTERRUPTED if result.partial else EXIT_OK
 
 
 def run_all(args, log):
+  outputs.check_output_path(args.output, ALL_KINDS, what='output')
+  from calculon.llm import search as S
   from calculon.llm.results import TableWriter
-  writer = TableWriter(args.output)  # checks the extension first
+  writer = TableWriter(args.output, rescue=True)
   spec = _spec(args)
   if args.debug:
     log.info(f'Total executions: {S.count_space(spec)}')
@@ -198,22 +236,33 @@ def run_all(args, log):
   seen = feasible = 0
   reasons = {}
   partial = False
+  failure = None
   try:
     with writer:
-      chunk = args.chunk or (S.MODERN_CHUNK if spec.modern
-                             else S.DEFAULT_CHUNK) // 4
-      for rows, n, why in S.all_executions(spec, args.cpus, chunk):
-        writer.write(rows)
-        seen += n
-        feasible += len(rows['sample_rate'])
-        for code, k in why.items():
-          reasons[code] = reasons.get(code, 0) + k
-        progress(n)
-  except KeyboardInterrupt:
-    partial = True
-  progress.close()
+      try:
+        chunk = args.chunk or (S.MODERN_CHUNK if spec.modern
+                               else S.DEFAULT_CHUNK) // 4
+        for rows, n, why in S.all_executions(spec, _cpus(args), chunk):
+          writer.write(rows)
+          seen += n
+          feasible += len(rows['sample_rate'])
+          for code, k in why.items():
+            reasons[code] = reasons.get(code, 0) + k
+          progress(n)
+      except KeyboardInterrupt:
+        # The rows written so far are a valid table: keep it (partial).
+        partial = True
+  except outputs.WriteError as err:
+    failure = err
+  finally:
+    progress.close()
   _summary(log, total, seen, feasible, reasons,
            time.perf_counter() - start, False)
+  if failure is not None:
+    if seen < total:
+      log.warning(f'Stopped after {seen} of {total} executions: the table '
+                  'could not be written')
+    raise failure
   if partial:
     log.warning(f'Interrupted: {args.output} holds the executions found so '
                 'far (partial)')

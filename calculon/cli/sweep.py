@@ -2,7 +2,8 @@
 
 Exit status: 0 every point done; 1 no point has a feasible execution, or
 some points failed (a re-run retries them); 2 bad input (spec, output
-folder, scheduler address); 130 interrupted (Ctrl-C or SIGTERM; what
+folder, scheduler address), or a part that could not be written (saved
+elsewhere, the message says where); 130 interrupted (Ctrl-C or SIGTERM; what
 completed is written, a re-run resumes).
 """
 
@@ -25,7 +26,7 @@ def _positive_float(arg):
 
 
 def add_parsers(sp):
-  from calculon.sweep.runner import DEFAULT_BATCH_POINTS, DEFAULT_BATCH_S
+  from calculon.sweep import DEFAULT_BATCH_POINTS, DEFAULT_BATCH_S
   p = sp.add_parser(
     'sweep', help='run a co-design sweep (many searches) on dask',
     description='Run the optimal-execution search for every point of a '
@@ -61,8 +62,10 @@ def add_parsers(sp):
 
 
 def run(args, log):
+  from calculon import outputs
   from calculon.errors import ConfigError
   from calculon.sweep import load_spec, plan, run_sweep
+  outputs.check_output_path(args.output, want_dir=True, what='sweep output')
   if args.scheduler and args.workers:
     raise ConfigError('--workers sets the size of the local cluster; with '
                       '--scheduler the workers are those of that cluster',
@@ -84,6 +87,11 @@ def run(args, log):
                       log=log)
   for line in summary.lines(args.output):
     log.info(line)
+  if summary.write_error is not None:
+    log.warning('Stopped: a part could not be written; move the saved part '
+                f'into {args.output} and run the same command again to '
+                'finish')
+    raise summary.write_error
   if summary.interrupted:
     log.warning('Interrupted: the points completed are written; run the '
                 'same command again to finish')

@@ -1,7 +1,7 @@
 """``calculon convert`` (result files between formats) and
 ``calculon compare-measured`` (a measured run against the model)."""
 
-from calculon import io
+from calculon import outputs
 from calculon.cli.main import EXIT_INFEASIBLE, EXIT_OK
 
 
@@ -29,6 +29,9 @@ def add_parsers(sp):
 
 
 def run_convert(args, log):
+  from calculon import io
+  outputs.check_output_path(args.output, outputs.TABLE_KINDS,
+                            what='converted table')
   frame = io.read_table(args.input)
   io.write_table(frame, args.output)
   log.info(f'{args.input} -> {args.output}: {len(frame)} rows, '

@@ -14,9 +14,9 @@ Suites (``--suite``):
 published summary as JSON).
 """
 
-import json
 import os
 
+from calculon import outputs
 from calculon.cli.main import EXIT_OK
 
 EXIT_THRESHOLD = 1
@@ -65,9 +65,9 @@ def _seqsel(args, log, base_dir, say):
   else:
     log.info('seqsel: all 4 tables within their thresholds')
   if args.out:
-    os.makedirs(args.out, exist_ok=True)
+    outputs.ensure_dir(args.out)
     path = os.path.join(args.out, 'seqsel.csv')
-    seqsel.tables_frame(tables).to_csv(path, index=False)
+    outputs.write_text(path, seqsel.tables_frame(tables).to_csv(index=False))
     say(f'wrote {path}')
   if args.plot:
     from calculon.plots.validation import seqsel_plots
@@ -83,12 +83,12 @@ def _published(args, log, base_dir, say):
   frame = published.results_frame(results)
   log.info(published.format_report(frame, verbose=args.verbose))
   if args.out:
-    os.makedirs(args.out, exist_ok=True)
+    outputs.ensure_dir(args.out)
     path = os.path.join(args.out, 'published_runs_results.csv')
-    frame.to_csv(path, index=False)
-    with open(os.path.join(args.out, 'published_summary.json'), 'w') as fd:
-      json.dump(published.summary(frame), fd, indent=2)
-      fd.write('\n')
+    outputs.write_text(path, frame.to_csv(index=False))
+    import json
+    outputs.write_text(os.path.join(args.out, 'published_summary.json'),
+                       json.dumps(published.summary(frame), indent=2) + '\n')
     say(f'wrote {path} and published_summary.json')
   if args.plot:
     from calculon.plots.validation import published_plots
@@ -102,9 +102,15 @@ def run(args, log):
   seqsel table exceeds its threshold).
 
   Raises:
-    ConfigError: a missing or invalid input file (exit status 2).
+    ConfigError: a missing or invalid input file, or an output folder that
+      cannot be written (exit status 2, before anything runs).
   """
   from calculon.validation import check_base_dir, default_base_dir
+  for option, path, what in (('--out', args.out, 'tables folder'),
+                             ('--plot', args.plot, 'charts folder')):
+    if path is not None:
+      outputs.check_output_path(path, want_dir=True, what=what,
+                                option=option)
   base_dir = check_base_dir(args.base_dir or default_base_dir())
   say = log.info if args.verbose else (lambda text: None)
   status = EXIT_OK

@@ -52,7 +52,8 @@ def check_compatible(app, system, exe, source='<execution>'):
         f"{source}:{where(i)} field '{field}' = {value} is not allowed: the "
         f'system has {n} network tier(s), so it must be 0 to {n - 1}',
         source=source, field=field, value=value)
-  for code in np.unique(exe.datatype):
+  # Not np.unique: it imports numpy.ma (~15 ms of every command's start-up).
+  for code in np.flatnonzero(np.bincount(np.ravel(exe.datatype))):
     name = DATATYPE_NAMES[int(code)]
     try:
       system.check_datatype(name)

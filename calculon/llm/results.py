@@ -8,9 +8,8 @@ agree with it (checked).
 
 import gzip
 import math
-import os
 
-from calculon import io
+from calculon import io, outputs
 from calculon.errors import ConfigError
 from calculon.llm import search as S
 from calculon.llm.compat import Llm
@@ -37,15 +36,22 @@ def best_to_output(spec, result, layers=False):
   return output
 
 
-def write_best(output, filename, partial=False):
+def write_best(output, filename, partial=False, rescue=False):
   """Writes best executions as JSON (Calculon's structure) or CSV (index,
-  execution fields, statistics).  Partial results get ``partial: true`` in
-  each JSON entry, or a ``partial`` CSV column."""
+  execution fields, statistics), atomically (:mod:`calculon.outputs`).
+  Partial results get ``partial: true`` in each JSON entry, or a
+  ``partial`` CSV column.
+
+  Raises:
+    calculon.outputs.WriteError: the file cannot be written (with
+      ``rescue``, the content is saved elsewhere first; see
+      :func:`calculon.outputs.write_bytes`).
+  """
   if partial:
     for entry in output.values():
       entry['partial'] = True
   if io.is_json_extension(filename):
-    io.write_json_file(output, filename)
+    io.write_json_file(output, filename, rescue)
     return
   import pandas as pd
   rows = []
@@ -56,37 +62,46 @@ def write_best(output, filename, partial=False):
       row['partial'] = True
     rows.append(row)
   frame = pd.DataFrame(rows, index=list(output.keys()))
-  _atomic_csv(frame, filename, index=True)
-
-
-def _atomic_csv(frame, filename, index):
-  tmp = filename + '.tmp'
-  frame.to_csv(tmp, index=index, compression='gzip'
-               if filename.endswith('.gz') else None)
-  os.replace(tmp, filename)
+  outputs.write_text(filename, frame.to_csv(index=True), rescue=rescue)
 
 
 class TableWriter:
-  """Streams row chunks to .csv, .csv.gz or .parquet (pyarrow writers).
+  """Streams row chunks to .csv, .csv.gz or .parquet (pyarrow writers),
+  atomically: the rows go to a temporary file in the destination's folder,
+  renamed into place when the ``with`` block ends without an exception
+  (:func:`calculon.outputs.atomic_path`); an exception removes it.
 
   Use as a context manager; :meth:`write` takes a dict of equal-length 1-d
-  arrays with the same columns each time.  Rows already written stay
-  readable if the run is interrupted.
+  arrays with the same columns each time.  To keep the rows written so far
+  after Ctrl-C, catch KeyboardInterrupt inside the ``with`` block.
+
+  Args:
+    filename: the destination.
+    rescue: when the final rename fails (folder removed or made read-only
+      during the run), save the complete table elsewhere (see
+      :mod:`calculon.outputs`).
 
   Raises:
     ConfigError: unsupported file extension.
+    calculon.outputs.WriteError: the table cannot be written (on entering,
+      on a failed write, or at the end).
   """
 
-  def __init__(self, filename):
+  def __init__(self, filename, rescue=False):
     if not (io.is_csv_extension(filename) or filename.endswith('.parquet')):
       raise ConfigError(f'{filename}: output must be *.csv, *.csv.gz or '
                         '*.parquet', source=filename)
     self.filename = filename
+    self.rescue = rescue
     self._sink = None
     self._writer = None
     self._schema = None
+    self._atomic = None
+    self._tmp = None
 
   def __enter__(self):
+    self._atomic = outputs.atomic_path(self.filename, rescue=self.rescue)
+    self._tmp = self._atomic.__enter__()
     return self
 
   def _open(self, schema):
@@ -95,13 +110,13 @@ class TableWriter:
     import pyarrow.parquet as pq
     self._schema = schema
     if self.filename.endswith('.parquet'):
-      self._writer = pq.ParquetWriter(self.filename, schema)
+      self._writer = pq.ParquetWriter(self._tmp, schema)
       return
     if self.filename.endswith('.gz'):
       # Level 1: several times faster than the default for ~25% more bytes.
-      self._sink = gzip.open(self.filename, 'wb', compresslevel=1)
+      self._sink = gzip.open(self._tmp, 'wb', compresslevel=1)
     else:
-      self._sink = pa.OSFile(self.filename, 'wb')
+      self._sink = pa.OSFile(self._tmp, 'wb')
     self._writer = pacsv.CSVWriter(self._sink, schema)
 
   def write(self, columns):
@@ -113,15 +128,30 @@ class TableWriter:
       self._open(table.schema)
     self._writer.write_table(table.cast(self._schema))
 
-  def __exit__(self, *exc):
+  def _close(self):
     if self._writer is not None:
       self._writer.close()
     if self._sink is not None:
       self._sink.close()
-    if self._writer is None:
-      # Nothing feasible: still write a readable (empty) file.
-      open(self.filename, 'wb').close() if not self.filename.endswith(
-        '.parquet') else _empty_parquet(self.filename)
+    if self._writer is None and self.filename.endswith('.parquet'):
+      # Nothing feasible: still a readable (empty) table; CSV stays empty.
+      _empty_parquet(self._tmp)
+
+  def __exit__(self, exc_type, exc, tb):
+    if exc is not None:
+      try:
+        self._close()
+      except Exception:  # noqa: BLE001 -- the block's error is reported
+        pass
+      # An OSError becomes WriteError; anything else propagates unchanged.
+      return self._atomic.__exit__(exc_type, exc, tb)
+    try:
+      self._close()
+    except BaseException as err:  # noqa: BLE001 -- e.g. disk full on flush
+      if not self._atomic.__exit__(type(err), err, err.__traceback__):
+        raise
+      return False
+    self._atomic.__exit__(None, None, None)  # rename into place
     return False
 
 

@@ -8,8 +8,7 @@ plotted fields, the best (largest) value of the metric over all other
 options.
 """
 
-import numpy as np
-
+from calculon import outputs
 from calculon.cli.main import EXIT_OK
 from calculon.errors import ConfigError
 
@@ -33,6 +32,7 @@ def _table(path, *columns):
 
 def best_grid(frame, row, col, metric):
   """(row values, col values, matrix of the best metric; NaN where none)."""
+  import numpy as np
   best = frame.groupby([row, col])[metric].max()
   rows = sorted(frame[row].unique())
   cols = sorted(frame[col].unique())
@@ -44,6 +44,7 @@ def best_grid(frame, row, col, metric):
 
 def heatmap(path, output, metric='sample_rate', title=None):
   """Best ``metric`` over tensor x pipeline parallelism, annotated."""
+  import numpy as np
   from calculon.plots.common import figure, save
   frame = _table(path, 'tensor_par', 'pipeline_par', metric)
   tps, pps, grid = best_grid(frame, 'tensor_par', 'pipeline_par', metric)
@@ -71,6 +72,7 @@ def heatmap(path, output, metric='sample_rate', title=None):
 
 def versus(path, output, x, metric='sample_rate', hue=None, title=None):
   """Best ``metric`` for each value of field ``x`` (one line per ``hue``)."""
+  import numpy as np
   from calculon.plots.common import figure, save
   frame = _table(path, x, metric, hue)
   fig, ax = figure()
@@ -94,6 +96,7 @@ def versus(path, output, x, metric='sample_rate', hue=None, title=None):
 
 def surface(path, output, metric='sample_rate', title=None):
   """3-D view of the best ``metric`` over log2 TP x log2 PP."""
+  import numpy as np
   from calculon.plots.common import save
   import matplotlib.pyplot as plt
   frame = _table(path, 'tensor_par', 'pipeline_par', metric)
@@ -128,7 +131,7 @@ def add_plot_parsers(kinds):
                        description='Heatmap of the best metric over tensor x '
                        'pipeline parallelism.')
   common(p)
-  p.set_defaults(func=lambda a, log: _done(log, heatmap(
+  p.set_defaults(func=_checked(lambda a: heatmap(
     a.results, a.output, a.metric, a.title)))
   p = kinds.add_parser('vs', help='best metric against one field',
                        description='Best metric for each value of --x (e.g. '
@@ -136,14 +139,20 @@ def add_plot_parsers(kinds):
   common(p)
   p.add_argument('--x', required=True, help='field on the x axis')
   p.add_argument('--hue', default=None, help='one line per value of this')
-  p.set_defaults(func=lambda a, log: _done(log, versus(
+  p.set_defaults(func=_checked(lambda a: versus(
     a.results, a.output, a.x, a.metric, a.hue, a.title)))
   p = kinds.add_parser('3d', help='3-D view of the best metric over TP x PP')
   common(p)
-  p.set_defaults(func=lambda a, log: _done(log, surface(
+  p.set_defaults(func=_checked(lambda a: surface(
     a.results, a.output, a.metric, a.title)))
 
 
-def _done(log, path):
-  log.info(f'Plot: {path}')
-  return EXIT_OK
+def _checked(draw):
+  """A handler: checks the image path, then draws (``draw(args)`` returns
+  the path written)."""
+  def run(args, log):
+    outputs.check_output_path(args.output, outputs.IMAGE_KINDS,
+                              what='figure')
+    log.info(f'Plot: {draw(args)}')
+    return EXIT_OK
+  return run

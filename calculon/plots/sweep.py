@@ -300,8 +300,11 @@ def plot(cells, x, y, hue=None, col=None, kind='line', logx=False,
 
 def run(args, log):
   from calculon.cli.main import EXIT_OK
-  from calculon.plots import common
+  from calculon import outputs
   from calculon.sweep.store import read_sweep
+  output = args.output or default_output(args.input)
+  outputs.check_output_path(output, outputs.IMAGE_KINDS, what='figure',
+                            option='-o/--output' if args.output else None)
   frame = read_sweep(args.input)
   cells = select(frame, args.input, args.x, args.y, args.hue, args.col,
                  args.rank, args.where, args.agg, log, args.relative)
@@ -312,6 +315,7 @@ def run(args, log):
                       (f' by {args.hue}' if args.hue else ''))
   fig = plot(cells, args.x, args.y, args.hue, args.col, args.kind,
              args.logx, args.logy, title, ylabel, args.sharey)
-  path = common.save(fig, args.output or default_output(args.input))
+  from calculon.plots import common
+  path = common.save(fig, output)
   log.info(f'Plot: {path} ({len(cells)} cells)')
   return EXIT_OK

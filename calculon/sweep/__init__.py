@@ -19,12 +19,34 @@ Modules: :mod:`~calculon.sweep.spec` (reading and validating specs, points),
 :mod:`~calculon.sweep.runner` (dask orchestration, progress, resume).
 """
 
-from calculon.sweep.runner import SweepSummary, plan, run_sweep
-from calculon.sweep.spec import (
-  Point, SearchOptions, SweepSpec, Variation, load_spec, parse_spec)
-from calculon.sweep.store import read_sweep, schema
-from calculon.sweep.task import PointResult, run_point
+import importlib
 
-__all__ = ['SweepSummary', 'plan', 'run_sweep', 'Point', 'SearchOptions',
-           'SweepSpec', 'Variation', 'load_spec', 'parse_spec', 'read_sweep',
-           'schema', 'PointResult', 'run_point']
+#: Default batch of ``calculon sweep``: a part is written every this many
+#: points or seconds (here, not in the runner, so that the command line
+#: reads them without importing dask, pyarrow or the model).
+DEFAULT_BATCH_POINTS = 16
+DEFAULT_BATCH_S = 30.0
+
+#: Public names and their modules, imported on first use (start-up).
+_EXPORTS = {
+  'SweepSummary': 'runner', 'plan': 'runner', 'run_sweep': 'runner',
+  'Point': 'spec', 'SearchOptions': 'spec', 'SweepSpec': 'spec',
+  'Variation': 'spec', 'load_spec': 'spec', 'parse_spec': 'spec',
+  'read_sweep': 'store', 'schema': 'store',
+  'PointResult': 'task', 'run_point': 'task',
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name):
+  module = _EXPORTS.get(name)
+  if module is None:
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+  value = getattr(importlib.import_module(f'{__name__}.{module}'), name)
+  globals()[name] = value
+  return value
+
+
+def __dir__():
+  return sorted(set(globals()) | set(_EXPORTS))

@@ -22,12 +22,10 @@ import threading
 import time
 
 from calculon.errors import ConfigError
+from calculon.outputs import WriteError
+from calculon.sweep import DEFAULT_BATCH_POINTS, DEFAULT_BATCH_S
 from calculon.sweep.store import SweepStore, schema
 from calculon.sweep.task import run_point
-
-#: Default batch: a part is written every this many points or seconds.
-DEFAULT_BATCH_POINTS = 16
-DEFAULT_BATCH_S = 30.0
 #: Seconds to wait for a scheduler given by --scheduler.
 CONNECT_TIMEOUT_S = 20
 
@@ -44,7 +42,10 @@ class SweepSummary:
     not in this spec (kept); rows, parts: written now; executions: evaluated
     by the searches run now; space: executions in their search spaces (more
     than evaluated with mbs_break); elapsed_s: wall time of the run (s);
-    interrupted: stopped before the end; where: the cluster used.
+    interrupted: stopped before the end; where: the cluster used;
+    write_error: the :class:`~calculon.outputs.WriteError` that stopped the
+    sweep (a part could not be written; its rows, ``rescued_rows``, are
+    saved where the error says), or None.
   """
   points: int = 0
   skipped: int = 0
@@ -60,6 +61,8 @@ class SweepSummary:
   interrupted: bool = False
   where: str = ''
   errors: list = field(default_factory=list)
+  write_error: object = None
+  rescued_rows: int = 0
 
   @property
   def executions_per_s(self):
@@ -86,6 +89,9 @@ class SweepSummary:
         if self.space > self.executions else ''
       out.append(f'Executions evaluated: {self.executions}{of} ({rate} '
                  'executions/s)')
+    if self.write_error is not None:
+      out.append(f'Not written to {output}: {self.rescued_rows} rows (saved '
+                 f'in {self.write_error.rescued or "nowhere"})')
     out.append(f'Wall time: {_duration(self.elapsed_s)}' +
                (f' on {self.where}' if self.where else ''))
     out.append(f'Output: {output}')
@@ -321,7 +327,12 @@ class _Collector:
     # Taken first: rows interrupted while being written are lost (and
     # recomputed by the next run), never written twice.
     rows, self.rows, self.points, self.oldest = self.rows, [], 0, None
-    path = self.store.write(rows)
+    try:
+      path = self.store.write(rows)
+    except WriteError as err:
+      self.summary.write_error = err
+      self.summary.rescued_rows += len(rows)
+      raise
     self.summary.parts += 1
     self.summary.rows += len(rows)
     if self.bar.bar is None:
@@ -349,7 +360,8 @@ def run_sweep(spec, output, scheduler=None, workers=None,
 
   Returns:
     :class:`SweepSummary` (``interrupted`` after Ctrl-C, SIGTERM or
-    ``stop``: what has completed is written, the rest cancelled).
+    ``stop``: what has completed is written, the rest cancelled; and after
+    a part could not be written, with ``write_error`` set).
 
   Raises:
     ConfigError: bad output folder, a sweep already writing there, an
@@ -405,7 +417,15 @@ def run_sweep(spec, output, scheduler=None, workers=None,
       out.flush()
     except KeyboardInterrupt:
       summary.interrupted = True
-      out.flush()
+      try:
+        out.flush()
+      except WriteError:
+        pass  # recorded in summary.write_error
+      client.cancel([f for f, _ in pending.values()])
+    except WriteError:
+      # Recorded in summary.write_error (the part is saved elsewhere); stop:
+      # a re-run resumes from the parts written.
+      summary.interrupted = True
       client.cancel([f for f, _ in pending.values()])
     finally:
       bar.close()

@@ -8,8 +8,10 @@ Layout of ``OUTPUT.parquet/``::
 
 Each part is written to a hidden temporary name (``.part-...tmp``, ignored by
 Parquet readers), flushed to disk, then renamed into place
-(``os.replace``, atomic on POSIX), so a part is either complete or absent
-whatever happens to the writer.  Every part has the same schema
+(``os.replace``, atomic on POSIX; :func:`calculon.outputs.write_bytes`), so
+a part is either complete or absent whatever happens to the writer; a part
+that cannot be written (disk full, folder removed) is saved elsewhere and
+named in the :class:`~calculon.outputs.WriteError` raised.  Every part has the same schema
 (:func:`schema`), so ``pandas.read_parquet(OUTPUT)`` reads the whole
 dataset.  One process writes at a time (an advisory ``flock`` on ``.lock``,
 released by the OS if the process dies).
@@ -19,6 +21,7 @@ import datetime
 import glob
 import os
 
+from calculon import outputs
 from calculon.config.execution import FIELD_SPECS
 from calculon.errors import ConfigError
 
@@ -209,6 +212,12 @@ class SweepStore:
 
     Returns:
       the part's path (None when ``rows`` is empty).
+
+    Raises:
+      calculon.outputs.WriteError: the part cannot be written; its content
+        is saved elsewhere first when possible (``rescued``: next to the
+        folder's part, in the current folder or the temporary folder, as
+        ``part-....rescued.parquet``; moving it into the folder keeps it).
     """
     if not rows:
       return None
@@ -222,12 +231,9 @@ class SweepStore:
     name = f'part-{stamp}-{os.getpid()}-{self._seq:04d}.parquet'
     self._seq += 1
     final = os.path.join(self.folder, name)
-    tmp = os.path.join(self.folder, f'.{name}.tmp')
-    with open(tmp, 'wb') as fd:
-      pq.write_table(table, fd, compression='zstd')
-      fd.flush()
-      os.fsync(fd.fileno())
-    os.replace(tmp, final)
+    buffer = pa.BufferOutputStream()
+    pq.write_table(table, buffer, compression='zstd')
+    outputs.write_bytes(final, buffer.getvalue().to_pybytes(), rescue=True)
     self.parts_written += 1
     self.rows_written += len(rows)
     return final
