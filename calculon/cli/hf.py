@@ -2,7 +2,7 @@
 
 import os
 
-from calculon import io
+from calculon import io, outputs
 from calculon.cli.main import EXIT_OK, positive_int
 from calculon.errors import ConfigError
 from calculon.units import human_format
@@ -28,24 +28,14 @@ def add_parsers(sp):
 
 
 def check_output(path, inputs=()):
-  """Checks before any work that ``path`` can be written as a JSON file.
+  """Checks before any work that ``path`` can be written as a JSON file
+  (:func:`calculon.outputs.check_output_path`) and is not an input.
 
   Raises:
     ConfigError: not *.json/*.json.gz, a directory, its folder missing or
       not writable, or the same file as one of ``inputs``.
   """
-  if not io.is_json_extension(path):
-    raise ConfigError(f'{path}: output must end in .json or .json.gz',
-                      source=path)
-  if os.path.isdir(path):
-    raise ConfigError(f'{path}: is a directory, not an output file',
-                      source=path)
-  folder = os.path.dirname(os.path.abspath(path))
-  if not os.path.isdir(folder):
-    raise ConfigError(f'{path}: folder {folder} does not exist', source=path)
-  if not os.access(folder, os.W_OK):
-    raise ConfigError(f'{path}: folder {folder} is not writable',
-                      source=path)
+  outputs.check_output_path(path, outputs.JSON_KINDS)
   for other in inputs:
     if os.path.exists(path) and os.path.exists(other) and \
         os.path.samefile(path, other):

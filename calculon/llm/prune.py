@@ -50,18 +50,24 @@ def rate_bound(ev):
 
   The batch time is at least the blocks' compute (forward, recomputation,
   backward and the optimizer step, :class:`~calculon.llm.block.BlockTotals`)
-  plus the pipeline bubble those compute times alone would make: every
-  other term of ``total_time_s`` (exposed communication, offload, the
-  embedding and LM head...) is >= 0, the real base and edge block times are
-  >= their compute, and the bubble grows with them (its coefficients
+  and the TP communication they expose (the smaller of a base and an edge
+  block's), plus the pipeline bubble those block times alone would make:
+  every other term of ``total_time_s`` (exposed PP/DP/CP/EP communication,
+  offload, the embedding and LM head...) is >= 0, the real base and edge
+  block times are >= these, and the bubble grows with them (its coefficients
   (PP - 1 + extra) (blocks per chunk - 1) - reduction / 2 and PP - 1 +
   extra - reduction / 2 are >= 0 because the reduction is at most PP - 1
   blocks).  So batch / bound >= every sample rate the executions reach.
   """
   b = ev.block
   train = ev.training
-  fw = b.fw_time
-  bw = np.where(train, b.re_time + b.agrad_time + b.wgrad_time, 0)
+  # TP communication a block exposes whatever else is chosen: the smaller
+  # of a base and an edge block's (both are >= it).
+  fw = b.fw_time + np.minimum(b.base_fw_tp_exposed, b.edge_fw_tp_exposed)
+  bw = np.where(train, b.re_time + b.agrad_time + b.wgrad_time +
+                np.minimum(b.base_agrad_tp_exposed, b.edge_agrad_tp_exposed)
+                + np.minimum(b.base_recomm_exposed, b.edge_recomm_exposed),
+                0)
   per_block = fw + bw
   compute = ev._mult * per_block + np.where(
     train, ev.blocks_per_proc * b.optim_time, 0)
@@ -152,28 +158,212 @@ def flat_columns(spec, group, full, base_cols):
   return ExecutionColumns(**cols)
 
 
-def price_flat(spec, cols):
-  """(rate, reason) arrays of 1-d executions, isolating engine errors: a
-  batch that raises is halved until the failing executions are found
-  (reason ENGINE_ERROR)."""
-  n = np.broadcast_shapes(*(np.shape(getattr(cols, f)) for f in vars(cols)))
-  n = n[0] if n else 1
+def cell_columns(spec, group, cells, base):
+  """:class:`ExecutionColumns` of every inner combination of ``cells`` (int
+  array (C, axes)): shape (C, n_1, ..., n_4), the cells along the first
+  dimension, each inner axis along its own (so the block, which does not
+  depend on the inner axes, is priced once per cell).  Returns (columns,
+  shape); C-order flattening matches :func:`expand`."""
+  from calculon.llm.search import _BOOL_AXES
+  axes = group.axes
+  inner = [axes.index(a) for a in INNER_AXES]
+  shape = (len(cells),) + tuple(len(group.values[a]) for a in INNER_AXES)
+  nd = len(shape)
+  cols = {name: getattr(base, name) for name in vars(base)}
+  for i, name in enumerate(axes):
+    values = np.asarray(group.values[name],
+                        dtype=bool if name in _BOOL_AXES else np.int64)
+    dims = [1] * nd
+    if i in inner:
+      j = 1 + inner.index(i)
+      dims[j] = len(values)
+      cols[name] = values.reshape(dims)
+    else:
+      dims[0] = len(cells)
+      cols[name] = values[cells[:, i]].reshape(dims)
+  cols['optimizer_sharding'] = None
+  return ExecutionColumns(**cols), shape
+
+
+def price_flat(spec, cols, shape=None):
+  """(rate, reason) arrays of executions (``shape``: their broadcast shape,
+  default 1-d), isolating engine errors: a batch that raises is halved
+  along its first dimension until the failing cells are found (reason
+  ENGINE_ERROR)."""
+  if shape is None:
+    shape = np.broadcast_shapes(*(np.shape(getattr(cols, f))
+                                  for f in vars(cols)))
+  shape = tuple(shape) or (1,)
   try:
     ev = Evaluation(spec.app, spec.system, cols)
     with np.errstate(all='ignore'):
-      rate = np.broadcast_to(ev.sample_rate, (n,)).astype(float)
-      reason = np.broadcast_to(ev.reason, (n,)).astype(np.int64)
+      rate = np.broadcast_to(ev.sample_rate, shape).astype(float)
+      reason = np.broadcast_to(ev.reason, shape).astype(np.int64)
     bad = (reason == OK) & ~np.isfinite(rate)
     return rate, np.where(bad, NON_FINITE, reason)
   except Exception:  # noqa: BLE001 -- isolate, count, go on
+    n = shape[0]
     if n == 1:
-      return np.full(1, np.nan), np.full(1, ENGINE_ERROR)
+      return np.full(shape, np.nan), np.full(shape, ENGINE_ERROR)
     half = n // 2
     parts = []
     for sl in (slice(0, half), slice(half, n)):
       sub = ExecutionColumns(**{
-        f: (getattr(cols, f)[sl] if np.ndim(getattr(cols, f)) else
-            getattr(cols, f)) for f in vars(cols)})
-      parts.append(price_flat(spec, sub))
+        f: (getattr(cols, f)[sl] if np.ndim(getattr(cols, f)) and
+            np.shape(getattr(cols, f))[0] == n else getattr(cols, f))
+        for f in vars(cols)})
+      parts.append(price_flat(spec, sub, (len(range(n)[sl]),) + shape[1:]))
     return (np.concatenate([p[0] for p in parts]),
             np.concatenate([p[1] for p in parts]))
+
+
+#: Cells of a level-2 grid priced at once.
+L2_CELLS = 1 << 18
+
+
+def search_group(spec, group, top_n, threshold_of):
+  """Branch and bound over one group (see the module): the level-1 bound
+  over the axes it depends on, then, in order of that bound, level-2
+  bounds of the surviving level-1 cells over every other axis (the inner
+  axes cut), then the full pricing of the surviving level-2 cells over
+  every inner combination, in order of their bound.  The threshold is the
+  larger of ``threshold_of()`` (the shared n-th best rate) and this group's
+  own n-th best so far.
+
+  Returns:
+    :class:`~calculon.llm.search.ChunkResult` (flat indices in ``group``'s
+    full grid; ``pruned`` = valid executions not priced).
+  """
+  from calculon.llm.search import (
+    ChunkResult, Chunk, columns, valid_mask, merge_best, _count_valid,
+    reduced_group)
+  res = ChunkResult()
+  axes = group.axes
+  naxes = len(axes)
+  reduced = reduced_group(group)
+  base = columns(spec, Chunk(reduced, ()))
+  # Valid executions of the group (every inner combination).
+  for combo in itertools.product(*(group.values[a] for a in INNER_AXES)):
+    cols = columns(spec, Chunk(reduced, ()))
+    for name, value in zip(INNER_AXES, combo):
+      setattr(cols, name, np.bool_(value))
+    res.total += _count_valid(cols, reduced.shape)
+
+  def threshold():
+    own = res.best[top_n - 1][0] if len(res.best) >= top_n else 0.0
+    return max(threshold_of(), own)
+
+  try:
+    with np.errstate(all='ignore'):
+      ev1 = Evaluation(spec.app, spec.system, base)
+      l1 = np.asarray(rate_bound(ev1), dtype=float)
+  except Exception:  # noqa: BLE001 -- bound nothing, price everything
+    l1 = np.full((1,) * naxes, np.inf)
+  l1 = np.where(np.isnan(l1), np.inf, l1)
+  if l1.ndim < naxes:
+    l1 = l1.reshape((1,) * (naxes - l1.ndim) + l1.shape)
+  dep = [i for i in range(naxes) if l1.shape[i] > 1]
+  l1 = l1.reshape([l1.shape[i] for i in dep]) if dep else l1.reshape(())
+  order = np.argsort(-l1.reshape(-1), kind='stable')
+  bounds1 = l1.reshape(-1)[order]
+
+  def level1_cells(sl):
+    if not dep:
+      return np.zeros((len(order[sl]), 0), dtype=np.int64)
+    return np.stack(np.unravel_index(order[sl], l1.shape), axis=1)
+  free = [i for i in range(naxes) if i not in dep]
+  free_shape = [len(reduced.values[axes[i]]) for i in free]
+  per_cell = int(np.prod(free_shape)) if free_shape else 1
+  batch = max(1, L2_CELLS // max(per_cell, 1))
+  priced = 0
+  for start in range(0, len(order), batch):
+    t = threshold()
+    if t > 0 and bounds1[start] * (1 + PRUNE_MARGIN) < t:
+      break
+    part = level1_cells(slice(start, start + batch))
+    part = part[bounds1[start:start + batch] * (1 + PRUNE_MARGIN) >= t] \
+      if t > 0 else part
+    if not len(part):
+      continue
+    # Level 2: the surviving level-1 cells along one leading dimension,
+    # every other axis along its own.
+    cols = {}
+    for name in vars(base):
+      cols[name] = getattr(base, name)
+    k = len(part)
+    for i, name in enumerate(axes):
+      values = np.asarray(reduced.values[name],
+                          dtype=bool if name in _bool_axes() else np.int64)
+      shape = [1] * (naxes + 1)
+      if i in dep:
+        shape[0] = k
+        cols[name] = values[part[:, dep.index(i)]].reshape(shape)
+      else:
+        shape[1 + i] = len(values)
+        cols[name] = values.reshape(shape)
+    cols['optimizer_sharding'] = None
+    grid = ExecutionColumns(**cols)
+    full_shape = (k,) + tuple(1 if i in dep else len(reduced.values[axes[i]])
+                              for i in range(naxes))
+    try:
+      with np.errstate(all='ignore'):
+        ev2 = Evaluation(spec.app, spec.system, grid)
+        l2 = np.broadcast_to(reduced_bound(
+          ev2, len(group.values['data_par_overlap']) > 1), full_shape)
+        valid = np.broadcast_to(valid_mask(grid), full_shape)
+    except Exception:  # noqa: BLE001 -- never prune what cannot be bounded
+      l2 = np.full(full_shape, np.inf)
+      valid = np.ones(full_shape, dtype=bool)
+    t = threshold()
+    keep = valid & ((l2 * (1 + PRUNE_MARGIN) >= t) if t > 0 else True)
+    idx = np.argwhere(keep)
+    if not len(idx):
+      continue
+    lb = l2[keep]
+    idx = idx[np.argsort(-lb, kind='stable')]
+    lb = np.sort(lb)[::-1]
+    cells = np.zeros((len(idx), naxes), dtype=np.int64)
+    for j, i in enumerate(dep):
+      cells[:, i] = part[idx[:, 0], j]
+    for i in free:
+      cells[:, i] = idx[:, 1 + i]
+    # Full pricing of the surviving cells over the inner combinations,
+    # best bound first.
+    combos = int(np.prod([len(group.values[a]) for a in INNER_AXES]))
+    step = max(1, FLAT_BATCH // combos)
+    for s0 in range(0, len(cells), step):
+      t = threshold()
+      if t > 0 and lb[s0] * (1 + PRUNE_MARGIN) < t:
+        break
+      sub = cells[s0:s0 + step]
+      sub = sub[lb[s0:s0 + step] * (1 + PRUNE_MARGIN) >= t] if t > 0 \
+        else sub
+      if not len(sub):
+        continue
+      gcols, gshape = cell_columns(spec, group, sub, base)
+      rate, reason = price_flat(spec, gcols, gshape)
+      ok = np.broadcast_to(valid_mask(gcols), gshape).reshape(-1)
+      full = expand(sub, group, axes)[ok]
+      rate, reason = rate.reshape(-1)[ok], reason.reshape(-1)[ok]
+      if not len(full):
+        continue
+      feasible = reason == OK
+      res.evaluated += len(full)
+      res.feasible += int(feasible.sum())
+      codes, n = np.unique(reason[~feasible], return_counts=True)
+      for c, m in zip(codes, n):
+        res.reasons[int(c)] = res.reasons.get(int(c), 0) + int(m)
+      if feasible.any():
+        flat = np.ravel_multi_index(full[feasible].T, group.shape)
+        vals = rate[feasible]
+        best = np.lexsort((flat, -vals))[:top_n]
+        res.best = merge_best(res.best, [
+          (float(vals[o]), group.index, int(flat[o])) for o in best], top_n)
+      priced += len(full)
+  res.pruned = res.total - res.evaluated
+  return res
+
+
+def _bool_axes():
+  from calculon.llm.search import _BOOL_AXES
+  return _BOOL_AXES

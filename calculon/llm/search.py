@@ -640,12 +640,13 @@ def reduced_group(group):
 
 
 def _bound_task(task):
-  gi, prefix = task
+  from calculon.llm.prune import search_group
+  gi, _ = task
   spec, g = _WORKER['spec'], _WORKER['groups'][gi]
   shared = _WORKER.get('threshold')
-  threshold = shared.value if shared is not None else 0.0
-  return evaluate_reduced_chunk(spec, Chunk(reduced_group(g), prefix),
-                                _WORKER['top_n'], threshold, g)
+  return search_group(spec, g, _WORKER['top_n'],
+                      (lambda: shared.value) if shared is not None
+                      else (lambda: 0.0))
 
 
 def _group_bound_task(gi):
@@ -751,8 +752,7 @@ def optimal_executions(spec, top_n=1, workers=1, chunk_size=None,
         if on_progress is not None:
           on_progress(counts[g.index])
         continue
-      for c in chunks(reduced_group(g), chunk_size):
-        yield (g.index, c.prefix)
+      yield (g.index, ())
 
   try:
     for res in imap(_bound_task if prune else _best_task, tasks(), workers,
