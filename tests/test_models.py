@@ -199,11 +199,17 @@ def test_every_bundled_model_loads_and_is_counted(capsys):
     a = Application.from_dict(load_json(path), path)
     assert main(['llm-parameter-calculator', path]) == 0
     name = os.path.basename(path)[:-5]
-    words = capsys.readouterr().out.split()
-    assert words == [name, '->'] + human_format(a.num_parameters()).split()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == [name, '->'] + \
+      human_format(a.num_parameters()).split()
+    total = [l for l in lines if l.split()[0] == 'total'][0]
+    assert int(total.split()[1].replace(',', '')) == a.num_parameters()
 
 
 def test_parameter_calculator_cli_on_a_modern_model():
   out = run_cli('llm-parameter-calculator', repo('models', 'deepseek-v3.json'))
   assert out.returncode == 0, out.stderr
-  assert out.stdout.split() == ['deepseek-v3', '->', '671.026', 'G']
+  lines = out.stdout.splitlines()
+  assert lines[0].split() == ['deepseek-v3', '->', '671.026', 'G']
+  active = [l for l in lines if l.split()[0] == 'active'][0]
+  assert int(active.split()[1].replace(',', '')) == 37_552_282_624

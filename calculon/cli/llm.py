@@ -109,7 +109,7 @@ def run_parameter_calculator(args, log):
     name = name[:-5]
   log.info(f'{name}{" " * (args.alignment - len(name))} -> '
            f'{human_format(app.num_parameters())}')
-  config = app.config
+  config = getattr(app, 'config', app)
   parts = config.parameter_breakdown()
   total = config.num_parameters()
   for part, n in parts.items():

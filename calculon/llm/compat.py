@@ -27,7 +27,8 @@ from calculon.errors import ConfigError, Infeasible
 from calculon.hardware import System
 from calculon.llm.engine import evaluate_columns
 from calculon.llm.model import MEM1_TOO_SMALL, MEM2_TOO_SMALL, OK
-from calculon.llm.stats import STATS, STAT_NAMES, EXTRA_STATS, stat_value
+from calculon.llm.stats import (
+  CALCULON_STAT_NAMES, STATS, STAT_NAMES, EXTRA_STATS, stat_value)
 from calculon.llm.layer_stats import layer_stats_json
 from calculon.llm.space import (
   factors, tensor_parallelisms, pipeline_parallelisms, data_parallelism,
@@ -168,7 +169,8 @@ class Llm:
 
   @staticmethod
   def get_stats_fields():
-    return STAT_NAMES
+    """Calculon's statistics (modern runs add :data:`MODERN_STATS`)."""
+    return CALCULON_STAT_NAMES
 
   def compile(self, sys, exe):
     """Checks ``exe`` against the application and system and builds the
@@ -213,14 +215,24 @@ class Llm:
     if not self._executed:
       raise RuntimeError('call Llm.run() before reading statistics')
 
+  @property
+  def _stats(self):
+    """Calculon's statistics for a Calculon run (an application and an
+    execution without optional fields), else those and the modern ones."""
+    calculon = self.app.config.is_calculon and \
+      set(self.exe.config.to_dict()) <= set(FIELDS)
+    return STATS[:len(CALCULON_STAT_NAMES)] if calculon else STATS
+
   def get_stats_values(self):
     """Statistics in :meth:`get_stats_fields` order."""
     self._require_run()
-    return tuple(to_python(stat_value(self._eval, s), s.unit) for s in STATS)
+    return tuple(to_python(stat_value(self._eval, s), s.unit)
+                 for s in self._stats)
 
   def get_stats_json(self, include_layers=False):
-    """dict of every statistic (and per-layer statistics if asked)."""
-    out = dict(zip(STAT_NAMES, self.get_stats_values()))
+    """dict of every statistic (and per-layer statistics if asked):
+    Calculon's, and for a run with modern features the modern ones."""
+    out = dict(zip((s.name for s in self._stats), self.get_stats_values()))
     if include_layers:
       out['layers'] = [layer_stats_json(layer) for layer in self._eval.layers]
     return out

@@ -51,10 +51,12 @@ def rate_bound(ev):
   The batch time is at least the blocks' compute (forward, recomputation,
   backward and the optimizer step, :class:`~calculon.llm.block.BlockTotals`)
   and the TP communication they expose (the smaller of a base and an edge
-  block's), plus the pipeline bubble those block times alone would make:
-  every other term of ``total_time_s`` (exposed PP/DP/CP/EP communication,
-  offload, the embedding and LM head...) is >= 0, the real base and edge
-  block times are >= these, and the bubble grows with them (its coefficients
+  block's), the exposed CP ring, FSDP and expert-parallel traffic of a
+  block (terms of every block's time), the embedding and LM head's compute,
+  plus the pipeline bubble those block times alone would make: every other
+  term of ``total_time_s`` (exposed PP/DP communication, offload, the
+  vocabulary's optimizer and DP...) is >= 0, the real base and edge block
+  times are >= these, and the bubble grows with them (its coefficients
   (PP - 1 + extra) (blocks per chunk - 1) - reduction / 2 and PP - 1 +
   extra - reduction / 2 are >= 0 because the reduction is at most PP - 1
   blocks).  So batch / bound >= every sample rate the executions reach.
@@ -63,14 +65,17 @@ def rate_bound(ev):
   train = ev.training
   # TP communication a block exposes whatever else is chosen: the smaller
   # of a base and an edge block's (both are >= it).
-  fw = b.fw_time + np.minimum(b.base_fw_tp_exposed, b.edge_fw_tp_exposed)
+  fw = b.fw_time + np.minimum(b.base_fw_tp_exposed, b.edge_fw_tp_exposed) \
+    + ev._block_fw_extra_s
   bw = np.where(train, b.re_time + b.agrad_time + b.wgrad_time +
                 np.minimum(b.base_agrad_tp_exposed, b.edge_agrad_tp_exposed)
-                + np.minimum(b.base_recomm_exposed, b.edge_recomm_exposed),
-                0)
+                + np.minimum(b.base_recomm_exposed, b.edge_recomm_exposed)
+                + ev._block_bw_extra_s, 0)
   per_block = fw + bw
   compute = ev._mult * per_block + np.where(
     train, ev.blocks_per_proc * b.optim_time, 0)
+  if ev.app.has_vocab:
+    compute = compute + ev.vocab_time_s
   pp, nmb = ev.pp, ev.num_microbatches
   missing = nmb % pp
   extra = np.where(missing != 0, (ev.interleaving - 1) * (pp - missing), 0)

@@ -793,7 +793,7 @@ def chunk_rows(spec, chunk):
     engine raise is isolated as in :func:`evaluate_chunk` and counted as
     ENGINE_ERROR.
   """
-  from calculon.config.execution import FIELD_SPECS
+  from calculon.config.execution import FIELD_SPECS, OPTIONAL_SPECS
   from calculon.llm.stats import stat_arrays
   cols = columns(spec, chunk)
   shape = chunk.shape
@@ -807,10 +807,18 @@ def chunk_rows(spec, chunk):
                         reason)
       keep = valid & (reason == OK)
       out = {}
-      for name, (fspec, names) in FIELD_SPECS.items():
+      fields = [(n, names) for n, (_, names) in FIELD_SPECS.items()]
+      if spec.modern:
+        fields += [(n, names) for n, (_, names, _) in OPTIONAL_SPECS.items()]
+      for name, names in fields:
         arr = np.broadcast_to(getattr(cols, name), shape)[keep]
-        out[name] = np.asarray(names, dtype=object)[arr] if names else arr
-      for name, arr in stat_arrays(ev).items():
+        if names:
+          table = np.asarray(list(names) + [None], dtype=object)
+          arr = table[np.where(arr == UNSET, len(names), arr)]
+        out[name] = arr
+      from calculon.llm.stats import CALCULON_STAT_NAMES, STAT_NAMES
+      names = STAT_NAMES if spec.modern else CALCULON_STAT_NAMES
+      for name, arr in stat_arrays(ev, names).items():
         out[name] = arr[keep]
   except Exception:  # noqa: BLE001 -- isolate the failing executions
     k = len(chunk.prefix)

@@ -22,7 +22,7 @@ import glob
 import os
 
 from calculon import outputs
-from calculon.config.execution import FIELD_SPECS
+from calculon.config.execution import FIELD_SPECS, OPTIONAL_SPECS
 from calculon.errors import ConfigError
 
 #: Per-point bookkeeping columns after the statistics.
@@ -43,8 +43,23 @@ STAT_COLUMNS = _stat_names()
 
 def execution_columns():
   """Execution fields stored per row (all but num_procs and datatype, which
-  are point parameters)."""
-  return [n for n in FIELD_SPECS if n not in _SHARED]
+  are point parameters; the optional fields hold their "absent" value for
+  Calculon's executions)."""
+  return [n for n in FIELD_SPECS if n not in _SHARED] + list(OPTIONAL_SPECS)
+
+
+def execution_default(name):
+  """The value an execution field takes when the execution leaves it out."""
+  if name in OPTIONAL_SPECS:
+    return OPTIONAL_SPECS[name][2]
+  return None
+
+
+def _field_spec(name):
+  if name in FIELD_SPECS:
+    return FIELD_SPECS[name]
+  spec, names, _ = OPTIONAL_SPECS[name]
+  return spec, names
 
 
 def schema(param_columns):
@@ -70,9 +85,10 @@ def schema(param_columns):
   fields += [pa.field('rank', pa.int64()), pa.field('feasible', pa.bool_()),
              pa.field('reason', pa.string())]
   for name in execution_columns():
-    spec, names = FIELD_SPECS[name]
-    typ = pa.string() if names else (pa.bool_() if spec.kind == 'bool'
-                                     else pa.int64())
+    spec, names = _field_spec(name)
+    typ = pa.string() if names else (
+      pa.bool_() if spec.kind == 'bool' else (
+        pa.float64() if spec.kind == 'number' else pa.int64()))
     fields.append(pa.field(name, typ))
   fields += [pa.field(name, pa.float64()) for name in STAT_COLUMNS]
   fields += [pa.field('executions', pa.int64()),

@@ -54,7 +54,8 @@ def run_point(point):
   from calculon.hardware import System
   from calculon.llm import search as S
   from calculon.llm.results import best_to_output
-  from calculon.sweep.store import STAT_COLUMNS, execution_columns
+  from calculon.sweep.store import (
+    STAT_COLUMNS, execution_columns, execution_default)
 
   delay = os.environ.get(DELAY_ENV, '')
   if delay:
@@ -98,9 +99,10 @@ def run_point(point):
     entry = output[str(rank)]
     row = dict(base, rank=rank, feasible=True, reason='')
     exe = entry['execution']
-    row.update({name: exe[name] for name in exe_cols})
+    row.update({name: exe.get(name, execution_default(name))
+                for name in exe_cols})
     stats = entry['stats']
-    row.update({name: float(stats[name]) for name in STAT_COLUMNS})
+    row.update({name: float(stats.get(name, 0.0)) for name in STAT_COLUMNS})
     row.update(counts, search_s=elapsed, **tail)
     rows.append(row)
   return PointResult(point.id, rows, result.evaluated, True, elapsed)
