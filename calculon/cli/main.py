@@ -27,8 +27,8 @@ def positive_int(arg):
 
 
 def _commands():
-  from calculon.cli import llm, search, validation, tools, sweep, plot
-  return [llm, search, validation, tools, sweep, plot]
+  from calculon.cli import llm, search, validation, tools, sweep, plot, profile
+  return [llm, search, validation, tools, sweep, plot, profile]
 
 
 def build_parser():

@@ -1,0 +1,406 @@
+"""``calculon profile-step``: run real training steps and measure them.
+
+The application's blocks (:mod:`calculon.profile.gpt`) run with the
+execution's microbatch size, sequence, datatype, recomputation and data
+parallelism: DP ranks are local processes over ``torch.distributed`` (gloo
+on the CPU, NCCL on GPUs), started with ``torch.multiprocessing`` and a
+file rendezvous.  Each rank runs ``warmup`` steps, then ``steps`` timed
+steps: per microbatch a forward and a backward pass, then the DP all-reduce
+of each block's gradients (one coalesced buffer per block, as calculon
+prices it), then Adam.
+
+Per layer, module hooks time the forward and backward of every module
+(``time.perf_counter`` on the CPU, where PyTorch runs synchronously; CUDA
+events on a GPU).  A forward hook that fires during the backward pass is a
+recomputation.  After the timed steps one more step runs under
+``torch.profiler`` (``profile_memory=True``) with a ``record_function``
+range per layer and phase: the memory each layer allocates, the operator
+tables (the Anemoi profiler's memory report) and, with a report folder, a
+Chrome trace and (CUDA) a memory snapshot.  Step times come from the timed
+steps, not the profiled one (the profiler's overhead).
+"""
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+
+from calculon.errors import ConfigError
+
+#: Execution settings profile-step cannot run, with the reason.
+UNSUPPORTED = (
+  ('tensor_par', lambda e: e.tensor_par > 1,
+   'tensor parallelism is not run (DP only): use tensor_par 1'),
+  ('pipeline_par', lambda e: e.pipeline_par > 1,
+   'pipeline parallelism is not run: use pipeline_par 1'),
+  ('optimizer_sharding', lambda e: e.optimizer_sharding,
+   'ZeRO optimizer sharding is not run: use false'),
+  ('data_par_overlap', lambda e: e.data_par_overlap,
+   'DP communication overlapped with the backward pass is not run: use '
+   'false (the all-reduce runs after the backward pass)'),
+  ('weight_offload', lambda e: e.weight_offload, 'offloading is not run'),
+  ('activations_offload', lambda e: e.activations_offload,
+   'offloading is not run'),
+  ('optimizer_offload', lambda e: e.optimizer_offload,
+   'offloading is not run'),
+  ('datatype', lambda e: e.datatype == 'float8',
+   'float8 training is not run: use float32, bfloat16 or float16'),
+)
+
+
+@dataclass
+class StepPlan:
+  """What to run.  Sizes from the application and execution; ``device``
+  'cpu' or 'cuda'; ``threads`` per rank on the CPU."""
+  num_blocks: int
+  hidden: int
+  feedforward: int
+  seq_size: int
+  attn_heads: int
+  attn_size: int
+  multiquery: bool
+  microbatch_size: int
+  num_microbatches: int
+  data_par: int
+  datatype: str
+  recompute: str
+  training: bool
+  fused_activation: bool
+  device: str
+  steps: int
+  warmup: int
+  dropout: float
+  threads: int
+  batch_size: int
+
+  @classmethod
+  def from_configs(cls, app, exe, device, steps, warmup, dropout,
+                   source='<execution>'):
+    """A plan from :class:`~calculon.config.Application` and
+    :class:`~calculon.config.Execution`.
+
+    Raises:
+      ConfigError: a setting profile-step cannot run (named), a dropout
+        outside [0, 1), or more DP ranks than CUDA devices.
+    """
+    for fld, bad, why in UNSUPPORTED:
+      if bad(exe):
+        raise ConfigError(
+          f'{source}: field {fld!r}: value {getattr(exe, fld)!r} cannot be '
+          f'run by profile-step: {why}', source=source, field=fld,
+          value=getattr(exe, fld), allowed=why)
+    if not 0 <= dropout < 1:
+      raise ConfigError(f'--dropout {dropout}: must be >= 0 and < 1',
+                        field='--dropout', value=dropout)
+    from calculon.profile.build import threads_per_proc
+    nmb = exe.batch_size // (exe.data_par * exe.microbatch_size)
+    return cls(num_blocks=app.num_blocks, hidden=app.hidden,
+               feedforward=app.feedforward, seq_size=app.seq_size,
+               attn_heads=app.attn_heads, attn_size=app.attn_size,
+               multiquery=exe.attention_type == 'multiquery',
+               microbatch_size=exe.microbatch_size, num_microbatches=nmb,
+               data_par=exe.data_par, datatype=exe.datatype,
+               recompute=exe.activation_recompute, training=exe.training,
+               fused_activation=exe.fused_activation, device=device,
+               steps=steps, warmup=warmup, dropout=dropout,
+               threads=threads_per_proc(exe.data_par),
+               batch_size=exe.batch_size)
+
+  def describe(self):
+    mode = 'training' if self.training else 'inference (forward only)'
+    return (f'{self.steps} {mode} steps (+{self.warmup} warm-up) of '
+            f'{self.num_blocks} blocks, hidden {self.hidden}, sequence '
+            f'{self.seq_size}, microbatch {self.microbatch_size} x '
+            f'{self.num_microbatches}, {self.datatype}, recompute '
+            f'{self.recompute}, DP {self.data_par} on {self.device}'
+            f'{f" ({self.threads} threads per rank)" if self.device == "cpu" else ""}')
+
+
+def run_step(plan, timeout_s=3600, quiet=False, report_dir=None):
+  """Runs the plan's ranks and gathers their measurements.
+
+  Returns:
+    dict: 'ranks' (each rank's measurement dict, see :func:`_rank`),
+    'plan' (the plan as a dict).
+
+  Raises:
+    ConfigError: CUDA asked for and not available, or too few devices.
+    RuntimeError: a rank failed.
+  """
+  import torch
+  import torch.multiprocessing as mp
+  if plan.device == 'cuda':
+    if not torch.cuda.is_available():
+      raise ConfigError('--device cuda: torch sees no CUDA device on this '
+                        'machine', field='--device', value='cuda')
+    if torch.cuda.device_count() < plan.data_par:
+      raise ConfigError(f'data_par {plan.data_par}: only '
+                        f'{torch.cuda.device_count()} CUDA devices',
+                        field='data_par', value=plan.data_par)
+  from calculon.profile.machine import ALLOCATOR_ENV
+  tmp = tempfile.mkdtemp(prefix='calculon-step-')
+  saved = {k: os.environ.get(k) for k in ALLOCATOR_ENV}
+  if plan.device == 'cpu':
+    os.environ.update(ALLOCATOR_ENV)   # read by the spawned ranks' malloc
+  try:
+    mp.start_processes(_rank, args=(asdict(plan), tmp, report_dir),
+                       nprocs=plan.data_par, start_method='spawn')
+    ranks = []
+    for r in range(plan.data_par):
+      with open(os.path.join(tmp, f'rank{r}.json')) as fd:
+        ranks.append(json.load(fd))
+  finally:
+    for k, v in saved.items():
+      if v is None:
+        os.environ.pop(k, None)
+      else:
+        os.environ[k] = v
+    shutil.rmtree(tmp, ignore_errors=True)
+  return {'ranks': ranks, 'plan': asdict(plan)}
+
+
+class LayerTimer:
+  """Module hooks timing each calculon layer's forward, backward and
+  recomputation (see the module docstring).
+
+  Totals are seconds summed over everything timed while ``active``;
+  ``ranges`` (when set) opens a ``torch.profiler.record_function`` per layer
+  and phase.
+  """
+
+  def __init__(self, torch, cuda):
+    self.torch = torch
+    self.cuda = cuda
+    self.active = False
+    self.ranges = False
+    self.in_backward = False
+    self.open = {}
+    self.pending = []      # CUDA: (name, phase, start, end) events
+    self.totals = {}
+    self.counts = {}
+
+  def _now(self):
+    if self.cuda:
+      ev = self.torch.cuda.Event(enable_timing=True)
+      ev.record()
+      return ev
+    return time.perf_counter()
+
+  def _start(self, key):
+    rng = None
+    if self.ranges:
+      rng = self.torch.profiler.record_function(f'{key[1]}.{key[2]}')
+      rng.__enter__()
+    self.open.setdefault(key, []).append((self._now(), rng))
+
+  def _stop(self, key):
+    stack = self.open.get(key)
+    if not stack:
+      return
+    start, rng = stack.pop()
+    end = self._now()
+    if rng is not None:
+      rng.__exit__(None, None, None)
+    if not self.active:
+      return
+    _, name, phase = key
+    if self.cuda:
+      self.pending.append((name, phase, start, end))
+    else:
+      self._add(name, phase, end - start)
+
+  def _add(self, name, phase, seconds):
+    k = (name, phase)
+    self.totals[k] = self.totals.get(k, 0.0) + seconds
+    self.counts[k] = self.counts.get(k, 0) + 1
+
+  def resolve(self):
+    """CUDA: turns recorded event pairs into seconds (after a sync)."""
+    for name, phase, start, end in self.pending:
+      self._add(name, phase, start.elapsed_time(end) / 1e3)
+    self.pending = []
+
+  def attach(self, name, module):
+    mid = id(module)
+
+    def fw_phase():
+      return 'recompute' if self.in_backward else 'fw'
+
+    module.register_forward_pre_hook(
+      lambda m, a: self._start((mid, name, fw_phase())))
+    module.register_forward_hook(
+      lambda m, a, o: self._stop((mid, name, fw_phase())))
+    module.register_full_backward_pre_hook(
+      lambda m, g: self._start((mid, name, 'bw')))
+    module.register_full_backward_hook(
+      lambda m, gi, go: self._stop((mid, name, 'bw')))
+
+
+def _rank(rank, plan, tmp, report_dir):
+  """One DP rank: build, warm up, time, profile; writes rank<r>.json."""
+  import datetime
+  import resource
+  import psutil
+  import torch
+  import torch.distributed as dist
+  from calculon.profile.gpt import BlockStack
+
+  cuda = plan['device'] == 'cuda'
+  torch.set_num_threads(plan['threads'])
+  torch.manual_seed(1234 + rank)
+  if cuda:
+    torch.cuda.set_device(rank)
+  dev = torch.device('cuda', rank) if cuda else torch.device('cpu')
+  world = plan['data_par']
+  if world > 1:
+    dist.init_process_group('nccl' if cuda else 'gloo',
+                            init_method='file://' + os.path.join(tmp, 'rdzv'),
+                            rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=1800))
+  proc = psutil.Process()
+  rss_base = proc.memory_info().rss
+  dtype = getattr(torch, plan['datatype'])
+  model = BlockStack(plan['num_blocks'], hidden=plan['hidden'],
+                     feedforward=plan['feedforward'],
+                     heads=plan['attn_heads'], head_size=plan['attn_size'],
+                     multiquery=plan['multiquery'], dropout=plan['dropout'],
+                     recompute=plan['recompute'] if plan['training']
+                     else 'none').to(device=dev, dtype=dtype)
+  timer = LayerTimer(torch, cuda)
+  for block in model.blocks:
+    for name, module in block.layer_modules():
+      timer.attach(name, module)
+  training = plan['training']
+  opt = torch.optim.Adam(model.parameters(), lr=1e-4) if training else None
+  mbs, s, h = plan['microbatch_size'], plan['seq_size'], plan['hidden']
+  inputs = [torch.randn(mbs, s, h, device=dev, dtype=dtype,
+                        requires_grad=training)
+            for _ in range(plan['num_microbatches'])]
+  block_params = [[p for p in b.parameters()] for b in model.blocks]
+  sync = torch.cuda.synchronize if cuda else (lambda: None)
+
+  def dp_allreduce():
+    for params in block_params:
+      grads = [p.grad for p in params]
+      flat = torch._utils._flatten_dense_tensors(grads)
+      dist.all_reduce(flat)
+      flat.div_(world)
+      for g, f in zip(grads, torch._utils._unflatten_dense_tensors(flat,
+                                                                   grads)):
+        g.copy_(f)
+
+  phases = {'fw': 0.0, 'bw': 0.0, 'dp_comm': 0.0, 'optim': 0.0}
+
+  def one_step(record):
+    t0 = time.perf_counter()
+    fw = bw = 0.0
+    for x in inputs:
+      timer.in_backward = False
+      a = time.perf_counter()
+      if training:
+        out = model(x)
+        loss = out.float().square().mean()
+      else:
+        with torch.no_grad():
+          out = model(x)
+      sync()
+      b = time.perf_counter()
+      fw += b - a
+      if training:
+        timer.in_backward = True
+        loss.backward()
+        sync()
+        bw += time.perf_counter() - b
+      timer.in_backward = False
+    c = time.perf_counter()
+    if training and world > 1:
+      dp_allreduce()
+      sync()
+    d = time.perf_counter()
+    if training:
+      opt.step()
+      opt.zero_grad(set_to_none=True)
+      sync()
+    e = time.perf_counter()
+    if record:
+      phases['fw'] += fw
+      phases['bw'] += bw
+      phases['dp_comm'] += d - c
+      phases['optim'] += e - d
+    return e - t0
+
+  def barrier():
+    if world > 1:
+      dist.barrier()
+
+  for _ in range(plan['warmup']):
+    one_step(False)
+  if cuda:
+    torch.cuda.reset_peak_memory_stats()
+    if report_dir and rank == 0:
+      torch.cuda.memory._record_memory_history(max_entries=200000)
+  barrier()
+  timer.active = True
+  step_s = []
+  for _ in range(plan['steps']):
+    barrier()
+    step_s.append(one_step(True))
+  timer.active = False
+  if cuda:
+    timer.resolve()
+  peak = {'rss_base_bytes': rss_base,
+          'rss_peak_bytes': resource.getrusage(
+            resource.RUSAGE_SELF).ru_maxrss * 1024}
+  if cuda:
+    peak['cuda_max_allocated_bytes'] = torch.cuda.max_memory_allocated()
+    if report_dir and rank == 0:
+      torch.cuda.memory._dump_snapshot(os.path.join(
+        report_dir, 'memory_snapshot.pickle'))
+      torch.cuda.memory._record_memory_history(enabled=None)
+
+  # Attribution: one step under torch.profiler with per-layer ranges.
+  acts = [torch.profiler.ProfilerActivity.CPU]
+  if cuda:
+    acts.append(torch.profiler.ProfilerActivity.CUDA)
+  timer.ranges = True
+  with torch.profiler.profile(activities=acts, profile_memory=True,
+                              record_shapes=True) as prof:
+    one_step(False)
+  timer.ranges = False
+  layer_mem = {}
+  for ev in prof.key_averages():
+    name, _, phase = ev.key.rpartition('.')
+    if phase in ('fw', 'bw', 'recompute') and name:
+      mem = getattr(ev, 'device_memory_usage', 0) if cuda else \
+        ev.cpu_memory_usage
+      layer_mem[f'{name}.{phase}'] = {'bytes_total': float(mem),
+                                      'calls': int(ev.count)}
+  sort = 'self_cuda_time_total' if cuda else 'self_cpu_time_total'
+  try:
+    table_time = prof.key_averages().table(sort_by=sort, row_limit=15)
+  except Exception:  # noqa: BLE001 (column names differ across versions)
+    table_time = prof.key_averages().table(row_limit=15)
+  table_mem = prof.key_averages().table(
+    sort_by='self_cuda_memory_usage' if cuda else 'self_cpu_memory_usage',
+    row_limit=15)
+  if report_dir and rank == 0:
+    prof.export_chrome_trace(os.path.join(report_dir, 'trace.json'))
+  params = {name: sum(p.numel() for p in mod.parameters())
+            for name, mod in model.blocks[0].layer_modules()}
+  result = {
+    'rank': rank, 'step_s': step_s,
+    'phases_s': {k: v / plan['steps'] for k, v in phases.items()},
+    'layers': [{'name': n, 'phase': p, 'seconds_total': t,
+                'calls': timer.counts[(n, p)]}
+               for (n, p), t in timer.totals.items()],
+    'memory': peak, 'layer_memory': layer_mem, 'params': params,
+    'profiler_time_table': table_time, 'profiler_memory_table': table_mem,
+    'threads': torch.get_num_threads(), 'torch': torch.__version__,
+  }
+  with open(os.path.join(tmp, f'rank{rank}.json'), 'w') as fd:
+    json.dump(result, fd)
+  if world > 1:
+    dist.barrier()
+    dist.destroy_process_group()
