@@ -59,6 +59,9 @@ def add_parsers(sp):
                  'processor is one of them (default 1)')
   p.add_argument('--quick', action='store_true',
                  help='fewer sizes and runs: under a minute on a small CPU')
+  p.add_argument('--smoke', action='store_true',
+                 help='every benchmark at tiny sizes: checks the setup in '
+                 'seconds (the numbers are overheads, not a profile)')
   _common(p)
   _runner_options(p)
   p.set_defaults(func=run_profile_cmd)
@@ -101,6 +104,7 @@ def _dtypes(args):
 def _profile(args, procs, log):
   from calculon.profile.machine import run_profile
   return run_profile(device=args.device, procs=procs, quick=args.quick,
+                     smoke=getattr(args, 'smoke', False),
                      backend=args.backend, dtypes=_dtypes(args),
                      timeout_s=args.timeout, retry_delay_s=args.retry_delay,
                      repeats=args.repeats, quiet=args.quiet, log=log)
@@ -154,6 +158,9 @@ def run_profile_step_cmd(args, log):
     from calculon.errors import ConfigError
     raise ConfigError('profile-step needs torch: pip install -e '
                       "'.[profile]'", field='--backend', value=args.backend)
+  if args.device == 'cuda':
+    from calculon.profile.machine import check_cuda
+    check_cuda(exe.num_procs)
   if args.system is not None:
     system_cfg = io.read_json_file(args.system)
     system = System(system_cfg, args.system)

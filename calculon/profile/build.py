@@ -43,6 +43,12 @@ DEFAULTS = {
 PROCESSING_MODE = 'roofline'
 
 
+#: ``--smoke`` sizes: every benchmark at tiny sizes, to check the setup
+#: in seconds (the numbers then describe overheads, not the machine).
+SMOKE_SIZES = {'gemm_n': [32, 64], 'vector': [2 ** 10, 2 ** 12],
+               'mem': [2 ** 12, 2 ** 14], 'net': [2 ** 12, 2 ** 14]}
+
+
 def _cpu_sizes(quick):
   return {
     'gemm_n': [128, 256, 512, 1024] if quick else
@@ -69,11 +75,12 @@ def _cuda_sizes(quick):
   }
 
 
-def gemm_shapes(ns, device):
+def gemm_shapes(ns, device, quick=False):
   """[b, m, n, k] shapes for each size n: square (n^3), tall (4n tokens x
-  n x n, a transformer projection) and batched attention-like
-  (16 heads of n x n x 64 and n x 64 x n)."""
-  limit = 8192 if device == 'cuda' else 1024
+  n x n, a transformer projection; not for the largest n) and batched
+  attention-like (16 heads of n x n x 64 and n x 64 x n)."""
+  limit = (4096 if quick else 8192) if device == 'cuda' else \
+    (512 if quick else 1024)
   shapes = []
   for n in ns:
     shapes.append([1, n, n, n])
@@ -110,17 +117,19 @@ def threads_per_proc(procs):
   return max(1, cores // max(1, procs))
 
 
-def plan(device, backend, procs, quick, dtypes, timeout_s):
+def plan(device, backend, procs, quick, dtypes, timeout_s, smoke=False):
   """The benchmarks of a profile, in the order they run."""
   sizes = _cuda_sizes(quick) if device == 'cuda' else _cpu_sizes(quick)
+  if smoke:
+    sizes = SMOKE_SIZES
   threads = threads_per_proc(procs)
-  min_time = 0.05 if quick else 0.2
+  min_time = 0.005 if smoke else 0.05 if quick else 0.2
   common = {'backend': backend, 'device': device, 'threads': threads,
             'min_time_s': min_time}
   specs = []
   for dt in dtypes:
     specs.append(BenchSpec(f'matrix.{dt}', 'gemm', dict(
-      common, dtype=dt, shapes=gemm_shapes(sizes['gemm_n'], device)),
+      common, dtype=dt, shapes=gemm_shapes(sizes['gemm_n'], device, quick)),
       timeout_s, threads))
   for dt in dtypes:
     specs.append(BenchSpec(f'vector.{dt}', 'vector', dict(

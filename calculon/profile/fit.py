@@ -74,7 +74,8 @@ def efficiency_curve(sizes, throughputs, peak, unit_scale, monotone=True):
   Returns:
     ``[[threshold, efficiency], ...]``, thresholds strictly decreasing to 0;
     a size gets the efficiency of the largest measured bucket not above it,
-    and sizes below the smallest bucket get the smallest bucket's.
+    and sizes below the smallest bucket get the smallest bucket's; a run of
+    buckets with equal efficiency is written once.
   """
   buckets = bucket_medians(sizes, [t / peak for t in throughputs])
   effs = [b[1] for b in buckets]
@@ -89,7 +90,11 @@ def efficiency_curve(sizes, throughputs, peak, unit_scale, monotone=True):
       continue
     pts.append([threshold, eff])
   pts[0][0] = 0
-  return [[t if t else 0, e] for t, e in reversed(pts)]
+  merged = []   # a run of equal efficiencies needs only its smallest size
+  for t, e in pts:
+    if not merged or merged[-1][1] != e:
+      merged.append([t, e])
+  return [[t if t else 0, e] for t, e in reversed(merged)]
 
 
 def curve_lookup(curve, size, unit_scale):
@@ -122,23 +127,27 @@ CANONICAL_OPS = {'all_reduce': (2.0, -1.0), 'reduce_scatter': (1.0, -1.0),
                  'all_gather': (1.0, -1.0), 'p2p': (1.0, None)}
 
 
-def network_tier(points, procs, large_fraction=0.25):
+def network_tier(points, procs):
   """A network tier's numbers from collective measurements.
+
+  calculon prices an operation of S bytes as t = L + S f / (B e)
+  (calculon/hardware/network.py, f the op's bus factor through its
+  (scalar, offset)).  Each op's asymptotic bus bandwidth is 1 / slope of a
+  Theil-Sen line of t against S f over the larger half of its sizes (the
+  large-size median of busbw = S f / t when the slope is not positive);
+  the latency is the intercept of the same line for all-reduce over the
+  smaller half.
 
   Args:
     points: dicts with op, bytes (S), seconds, busbw (bytes/s).
     procs: ranks measured.
-    large_fraction: share of the largest sizes whose median bus bandwidth
-      stands for the op's bandwidth.
 
   Returns:
-    dict: bandwidth_Bps (the best bus bandwidth of any op and size, so that
-    every efficiency is <= 1), efficiency (all-reduce large-size busbw /
-    bandwidth), latency_s (intercept of a Theil-Sen fit of the all-reduce
-    time against its bus bytes, S x factor, over the smaller half of sizes,
-    clamped >= 0), ops ({op: [scalar, offset]}: the canonical scalar times
-    busbw_AR / busbw_op, so each op's large-size time matches), busbw_Bps
-    per op.
+    dict: bandwidth_Bps (the largest bus bandwidth of any op, asymptotic
+    or measured, so that every efficiency is <= 1), efficiency (all-reduce
+    asymptotic busbw / bandwidth), latency_s (>= 0), ops ({op: [scalar,
+    offset]}: the canonical scalar times busbw_AR / busbw_op, so each op's
+    time matches at large sizes), busbw_Bps (asymptotic, per op).
 
   Raises:
     ValueError: no all-reduce points.
@@ -148,13 +157,19 @@ def network_tier(points, procs, large_fraction=0.25):
     by_op.setdefault(p['op'], []).append(p)
   if 'all_reduce' not in by_op:
     raise ValueError('no all_reduce measurement')
-  large = {}
+  asym = {}
   for op, pts in by_op.items():
     pts = sorted(pts, key=lambda p: p['bytes'])
-    k = max(1, int(math.ceil(len(pts) * large_fraction)))
-    large[op] = statistics.median(p['busbw'] for p in pts[-k:])
-  bandwidth = max(p['busbw'] for p in points)
-  efficiency = min(1.0, large['all_reduce'] / bandwidth)
+    factor = pts[0]['busbw'] * pts[0]['seconds'] / pts[0]['bytes']
+    big = pts[len(pts) // 2:] if len(pts) >= 4 else pts
+    _, slope = theil_sen([p['bytes'] * factor for p in big],
+                         [p['seconds'] for p in big])
+    if slope > 0:
+      asym[op] = 1.0 / slope
+    else:
+      asym[op] = statistics.median(p['busbw'] for p in big)
+  bandwidth = max(max(asym.values()), max(p['busbw'] for p in points))
+  efficiency = min(1.0, asym['all_reduce'] / bandwidth)
   ar = sorted(by_op['all_reduce'], key=lambda p: p['bytes'])
   small = ar[:max(2, (len(ar) + 1) // 2)]
   factor = 2.0 * (procs - 1) / procs
@@ -162,7 +177,7 @@ def network_tier(points, procs, large_fraction=0.25):
                          [p['seconds'] for p in small])
   ops = {}
   for op, (scalar, offset) in CANONICAL_OPS.items():
-    ratio = large['all_reduce'] / large[op] if op in large else 1.0
+    ratio = asym['all_reduce'] / asym[op] if op in asym else 1.0
     ops[op] = [round(scalar * ratio, 4), offset]
   return {'bandwidth_Bps': bandwidth, 'efficiency': efficiency,
-          'latency_s': max(0.0, latency), 'ops': ops, 'busbw_Bps': large}
+          'latency_s': max(0.0, latency), 'ops': ops, 'busbw_Bps': asym}

@@ -3,7 +3,6 @@
 
 import json
 import logging
-import os
 import platform
 import time
 from dataclasses import dataclass, field
@@ -51,11 +50,11 @@ def resolve_backend(backend, device, log=None):
   if device not in ('cpu', 'cuda'):
     raise ConfigError(f'--device {device!r} is not allowed: cpu or cuda',
                       field='--device', value=device)
+  if device == 'cuda' and backend == 'numpy':
+    raise ConfigError('--device cuda needs --backend torch (numpy runs on '
+                      'the CPU only)', field='--backend', value=backend)
   torch_ok = have_torch()
   if device == 'cuda':
-    if backend == 'numpy':
-      raise ConfigError('--device cuda needs --backend torch (numpy runs on '
-                        'the CPU only)', field='--backend', value=backend)
     if not torch_ok:
       raise ConfigError("--device cuda needs torch: pip install -e "
                         "'.[profile]'", field='--device', value=device)
@@ -138,7 +137,7 @@ def _cpu_model():
 
 def run_profile(device='cpu', procs=1, quick=False, backend='auto',
                 dtypes=None, timeout_s=None, retry_delay_s=None, repeats=None,
-                tries=3, quiet=False, log=None):
+                tries=3, quiet=False, log=None, smoke=False):
   """Runs every benchmark of the plan and builds the system.
 
   Args:
@@ -146,6 +145,8 @@ def run_profile(device='cpu', procs=1, quick=False, backend='auto',
       profiled processor is one of them.  quick: the short plan (a minute
       on a small CPU).  backend: 'auto', 'torch' or 'numpy'.  dtypes: list
       of datatype names, or None for :func:`build.default_dtypes`.
+      smoke: tiny sizes (implies quick): checks the setup, measures
+      overheads only.
     timeout_s, retry_delay_s, repeats, tries: runner settings (defaults:
       300 s / 60 s quick, 5 s / 1 s quick, 3 / 1 quick, 3 tries).
 
@@ -156,6 +157,7 @@ def run_profile(device='cpu', procs=1, quick=False, backend='auto',
     ConfigError: an argument is invalid, or CUDA is asked for and absent.
   """
   log = log or logging.getLogger('calculon')
+  quick = quick or smoke
   backend = resolve_backend(backend, device, log)
   if procs < 1:
     raise ConfigError(f'--procs {procs} must be >= 1', field='--procs',
@@ -173,7 +175,8 @@ def run_profile(device='cpu', procs=1, quick=False, backend='auto',
   retry_delay_s = (1.0 if quick else 5.0) if retry_delay_s is None \
     else retry_delay_s
   repeats = repeats or (1 if quick else 3)
-  specs = build.plan(device, backend, procs, quick, dtypes, timeout_s)
+  specs = build.plan(device, backend, procs, quick, dtypes, timeout_s,
+                     smoke)
   env = dict(ALLOCATOR_ENV) if device == 'cpu' else {}
   start = time.perf_counter()
   outcomes = _run_all(specs, Runner(tries=tries, retry_delay_s=retry_delay_s,
@@ -189,7 +192,7 @@ def run_profile(device='cpu', procs=1, quick=False, backend='auto',
     out = outcomes.get(key)
     why[name] = out.error if out is not None else 'not run'
   meta = {'device': device, 'procs': procs, 'backend': backend,
-          'quick': quick, 'dtypes': dtypes,
+          'quick': quick, 'smoke': smoke, 'dtypes': dtypes,
           'threads_per_proc': build.threads_per_proc(procs),
           'runner': {'tries': tries, 'retry_delay_s': retry_delay_s,
                      'repeats': repeats, 'timeout_s': timeout_s},

@@ -33,7 +33,7 @@ def summary_lines(result):
   m = result.meta
   lines = [f"profile: {m['device']}, {m['procs']} process(es) x "
            f"{m['threads_per_proc']} thread(s), backend {m['backend']}"
-           f"{' (torch absent: numpy + multiprocessing)' if m['backend'] == 'numpy' else ''}"
+           f"{' (numpy BLAS + multiprocessing instead of torch)' if m['backend'] == 'numpy' else ''}"
            f"{', quick' if m['quick'] else ''}, {m['wall_s']:.1f} s"]
   lines.append(f"{'benchmark':<16} {'status':<8} {'runs':>4} {'tries':>5}  "
                'result')

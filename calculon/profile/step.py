@@ -7,7 +7,9 @@ on the CPU, NCCL on GPUs), started with ``torch.multiprocessing`` and a
 file rendezvous.  Each rank runs ``warmup`` steps, then ``steps`` timed
 steps: per microbatch a forward and a backward pass, then the DP all-reduce
 of each block's gradients (one coalesced buffer per block, as calculon
-prices it), then Adam.
+prices it), then Adam.  Every time is kept per step; the report takes the
+best (fastest) step, as the profile keeps the best of its runs, so that a
+step slowed by another process on the machine does not count.
 
 Per layer, module hooks time the forward and backward of every module
 (``time.perf_counter`` on the CPU, where PyTorch runs synchronously; CUDA
@@ -177,9 +179,13 @@ class LayerTimer:
     self.ranges = False
     self.in_backward = False
     self.open = {}
-    self.pending = []      # CUDA: (name, phase, start, end) events
-    self.totals = {}
-    self.counts = {}
+    self.open_bw = []      # recompute windows nested in open bw windows
+    self.pending = []      # CUDA: (step, name, phase, start, end) events
+    self.steps = []        # per timed step: {(name, phase): seconds}
+
+  def new_step(self):
+    """Starts accumulating a new timed step."""
+    self.steps.append({})
 
   def _now(self):
     if self.cuda:
@@ -193,34 +199,69 @@ class LayerTimer:
     if self.ranges:
       rng = self.torch.profiler.record_function(f'{key[1]}.{key[2]}')
       rng.__enter__()
-    self.open.setdefault(key, []).append((self._now(), rng))
+    nested = []
+    if key[2] == 'bw':
+      self.open_bw.append(nested)
+    self.open.setdefault(key, []).append((self._now(), rng, nested))
 
   def _stop(self, key):
     stack = self.open.get(key)
     if not stack:
       return
-    start, rng = stack.pop()
+    start, rng, nested = stack.pop()
     end = self._now()
+    if key[2] == 'bw':
+      self.open_bw = [n for n in self.open_bw if n is not nested]
     if rng is not None:
       rng.__exit__(None, None, None)
     if not self.active:
       return
     _, name, phase = key
     if self.cuda:
-      self.pending.append((name, phase, start, end))
+      self.pending.append((len(self.steps) - 1, name, phase, start, end,
+                           nested))
     else:
-      self._add(name, phase, end - start)
+      inner = sum(e - s for s, e in nested)
+      self._add(len(self.steps) - 1, name, phase, end - start - inner)
 
-  def _add(self, name, phase, seconds):
-    k = (name, phase)
-    self.totals[k] = self.totals.get(k, 0.0) + seconds
-    self.counts[k] = self.counts.get(k, 0) + 1
+  def wrap_recompute(self, owner, attr='_run'):
+    """Times ``owner.<attr>`` when it reruns in the backward pass (a
+    checkpointed region being recomputed): the time is taken out of the
+    backward window of the layer whose backward triggered it, since the
+    recomputed layers' own forward hooks count it as recomputation."""
+    run = getattr(owner, attr)
+
+    def wrapped(*args):
+      if not self.in_backward:
+        return run(*args)
+      start = self._now()
+      try:   # torch stops a recomputation early by raising through here
+        return run(*args)
+      finally:
+        end = self._now()
+        for nested in self.open_bw:
+          nested.append((start, end))
+    setattr(owner, attr, wrapped)
+
+  def _add(self, step, name, phase, seconds):
+    totals = self.steps[step]
+    totals[(name, phase)] = totals.get((name, phase), 0.0) + seconds
 
   def resolve(self):
     """CUDA: turns recorded event pairs into seconds (after a sync)."""
-    for name, phase, start, end in self.pending:
-      self._add(name, phase, start.elapsed_time(end) / 1e3)
+    for step, name, phase, start, end, nested in self.pending:
+      inner = sum(a.elapsed_time(b) for a, b in nested)
+      self._add(step, name, phase, (start.elapsed_time(end) - inner) / 1e3)
     self.pending = []
+
+  def per_step(self):
+    """[{'name', 'phase', 'seconds': [per timed step]}]."""
+    keys = []
+    for totals in self.steps:
+      keys += [k for k in totals if k not in keys]
+    return [{'name': n, 'phase': p,
+             'seconds': [t.get((n, p), 0.0) for t in self.steps]}
+            for n, p in keys]
 
   def attach(self, name, module):
     mid = id(module)
@@ -272,6 +313,8 @@ def _rank(rank, plan, tmp, report_dir):
   for block in model.blocks:
     for name, module in block.layer_modules():
       timer.attach(name, module)
+    timer.wrap_recompute(block)
+    timer.wrap_recompute(block.core)
   training = plan['training']
   opt = torch.optim.Adam(model.parameters(), lr=1e-4) if training else None
   mbs, s, h = plan['microbatch_size'], plan['seq_size'], plan['hidden']
@@ -291,7 +334,7 @@ def _rank(rank, plan, tmp, report_dir):
                                                                    grads)):
         g.copy_(f)
 
-  phases = {'fw': 0.0, 'bw': 0.0, 'dp_comm': 0.0, 'optim': 0.0}
+  phases = {'fw': [], 'bw': [], 'dp_comm': [], 'optim': []}
 
   def one_step(record):
     t0 = time.perf_counter()
@@ -325,10 +368,9 @@ def _rank(rank, plan, tmp, report_dir):
       sync()
     e = time.perf_counter()
     if record:
-      phases['fw'] += fw
-      phases['bw'] += bw
-      phases['dp_comm'] += d - c
-      phases['optim'] += e - d
+      for key, value in (('fw', fw), ('bw', bw), ('dp_comm', d - c),
+                         ('optim', e - d)):
+        phases[key].append(value)
     return e - t0
 
   def barrier():
@@ -346,6 +388,7 @@ def _rank(rank, plan, tmp, report_dir):
   step_s = []
   for _ in range(plan['steps']):
     barrier()
+    timer.new_step()
     step_s.append(one_step(True))
   timer.active = False
   if cuda:
@@ -391,10 +434,8 @@ def _rank(rank, plan, tmp, report_dir):
             for name, mod in model.blocks[0].layer_modules()}
   result = {
     'rank': rank, 'step_s': step_s,
-    'phases_s': {k: v / plan['steps'] for k, v in phases.items()},
-    'layers': [{'name': n, 'phase': p, 'seconds_total': t,
-                'calls': timer.counts[(n, p)]}
-               for (n, p), t in timer.totals.items()],
+    'phases_s': phases,
+    'layers': timer.per_step(),
     'memory': peak, 'layer_memory': layer_mem, 'params': params,
     'profiler_time_table': table_time, 'profiler_memory_table': table_mem,
     'threads': torch.get_num_threads(), 'torch': torch.__version__,

@@ -12,7 +12,7 @@ tokens/s), time per phase and per layer, memory, system, model summary.
 import os
 import platform
 
-from calculon.profile.gpt import GEMM_LAYERS, LAYERS
+from calculon.profile.layer_names import GEMM_LAYERS, LAYERS
 from calculon.profile.outputs import save_figure_atomic, write_atomic
 
 
@@ -24,20 +24,38 @@ def error_pct(predicted, measured):
   return 100.0 * (1.0 - predicted / measured)
 
 
+#: The layers calculon recomputes with attn_only (calculon/llm/block.py:
+#: ``recompute=attn_re``; Korthikanti et al. 2022, section 5, selective
+#: recomputation); with full, every layer.
+ATTN_ONLY_RECOMPUTED = ('AttnBlock_Multihead_Key_Query',
+                        'AttnBlock_Multihead_SoftMax',
+                        'AttnBlock_Multihead_DropOut')
+
+
+def recomputed_layers(recompute):
+  """Names of the layers recomputed under ``recompute``."""
+  if recompute == 'full':
+    return LAYERS
+  if recompute == 'attn_only':
+    return ATTN_ONLY_RECOMPUTED
+  return ()
+
+
 def _mean(xs):
   return sum(xs) / len(xs) if xs else None
 
 
 def measured_layers(measured):
-  """Per layer and phase: seconds per block per microbatch, averaged over
-  ranks.  Returns {layer: {'fw': s, 'bw': s, 'recompute': s}}."""
+  """Per layer and phase: seconds per block per microbatch in the fastest
+  step, averaged over ranks.  Returns {layer: {'fw': s, 'bw': s,
+  'recompute': s}}."""
   plan = measured['plan']
-  per = plan['steps'] * plan['num_microbatches'] * plan['num_blocks']
+  per = plan['num_microbatches'] * plan['num_blocks']
   out = {}
   for rank in measured['ranks']:
     for row in rank['layers']:
       out.setdefault(row['name'], {}).setdefault(row['phase'], []).append(
-        row['seconds_total'] / per)
+        min(row['seconds']) / per)
   return {name: {ph: _mean(v) for ph, v in phases.items()}
           for name, phases in out.items()}
 
@@ -57,7 +75,10 @@ def compare(model, measured, plan, system_source):
   meas_layers = measured_layers(measured)
   ranks = measured['ranks']
   nsteps = len(ranks[0]['step_s'])
-  step_s = _mean([max(r['step_s'][i] for r in ranks) for i in range(nsteps)])
+  # The slowest rank sets each step's time; the fastest step is kept.
+  steps = [max(r['step_s'][i] for r in ranks) for i in range(nsteps)]
+  step_s = min(steps)
+  recomputed = recomputed_layers(plan.recompute) if plan.training else ()
   rows = []
   for name in LAYERS:
     pred = pred_layers.get(name)
@@ -78,9 +99,11 @@ def compare(model, measured, plan, system_source):
                  'pred_bw_s': p_bw, 'meas_bw_s': m_bw,
                  'err_bw_pct': error_pct(p_bw, m_bw),
                  'meas_recompute_s': meas.get('recompute'),
+                 'pred_recompute_s': p_fw if name in recomputed else None,
                  'pred_total_s': p_tot, 'meas_total_s': m_tot,
                  'err_total_pct': error_pct(p_tot, m_tot)})
-  phases = {k: _mean([r['phases_s'][k] for r in ranks])
+  best = steps.index(step_s)
+  phases = {k: _mean([r['phases_s'][k][best] for r in ranks])
             for k in ranks[0]['phases_s']}
   nmb = plan.num_microbatches
   block_meas = sum(r['meas_total_s'] or 0 for r in rows)
@@ -127,6 +150,7 @@ def compare(model, measured, plan, system_source):
     'profiler_memory_table': ranks[0]['profiler_memory_table'],
     'system_info': _system_info(plan.device, ranks[0]),
     'rank_step_s': [r['step_s'] for r in ranks],
+    'step_mean_s': _mean(steps),
   }
 
 
@@ -166,8 +190,10 @@ def report_lines(c):
            f"{c['stats']['sample_rate']:.3f}; tokens/s: measured "
            f"{batch * p['seq_size'] / c['step_s']:.1f}, predicted "
            f"{c['stats']['sample_rate'] * p['seq_size']:.1f}",
-           f"per-rank step times (s): " + '; '.join(
-             ', '.join(f'{t:.4f}' for t in r) for r in c['rank_step_s']),
+           f"fastest of {len(c['rank_step_s'][0])} steps (mean "
+           f"{c['step_mean_s']:.4f} s); per-rank step times (s): " +
+           '; '.join(', '.join(f'{t:.4f}' for t in r)
+                     for r in c['rank_step_s']),
            '', '== time per phase (s per batch) ==',
            f"{'phase':<28} {'measured':>10} {'predicted':>10} {'error':>8}"]
   for name, pred, meas in c['phases']:
@@ -177,13 +203,19 @@ def report_lines(c):
             '1 - predicted/measured) ==',
             f"{'layer':<30} {'fw meas':>8} {'fw pred':>8} {'fw err':>8} "
             f"{'bw meas':>8} {'bw pred':>8} {'bw err':>8} {'tot err':>8}"]
+  recompute = p['recompute'] != 'none' and p['training']
+  if recompute:
+    lines[-1] += f" {'re meas':>8} {'re pred':>8}"
   for r in c['layers']:
     mark = '*' if r['gemm'] else ' '
-    lines.append(
+    line = (
       f"{r['layer']:<29}{mark} {_f(r['meas_fw_s']):>8} {_f(r['pred_fw_s']):>8}"
       f" {_pct(r['err_fw_pct']):>8} {_f(r['meas_bw_s']):>8} "
       f"{_f(r['pred_bw_s']):>8} {_pct(r['err_bw_pct']):>8} "
       f"{_pct(r['err_total_pct']):>8}")
+    if recompute:
+      line += f" {_f(r['meas_recompute_s']):>8} {_f(r['pred_recompute_s']):>8}"
+    lines.append(line)
   lines.append('* GEMM layer (matrix engine); largest |error| of a GEMM '
                f"layer: {_pct(c['max_gemm_err_pct'])}")
   if c['unattributed_s'] is not None:
