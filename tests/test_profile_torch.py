@@ -3,6 +3,7 @@ cleanly when torch is not installed: pip install -e '.[profile]')."""
 
 import csv
 import json
+import time
 
 import pytest
 
@@ -121,3 +122,16 @@ def test_profile_step_refuses_what_it_cannot_run(tmp_path):
   res = run_cli('profile-step', _app(tmp_path), _exe(tmp_path), sys_path,
                 '--device', 'cuda')
   assert res.returncode == 2 and 'no CUDA device' in res.stderr
+
+
+def test_profile_step_kills_ranks_past_the_step_timeout(tmp_path):
+  sys_path, _ = _system(tmp_path, 1)
+  start = time.perf_counter()
+  res = run_cli('profile-step', _app(tmp_path), _exe(tmp_path), sys_path,
+                '--step-timeout', '0.5')
+  assert res.returncode == 1, res.stdout + res.stderr
+  assert 'ERROR: the training ranks did not finish within 0.5 s' in \
+    res.stdout
+  assert 'Traceback' not in res.stderr
+  assert time.perf_counter() - start < 30
+

@@ -88,6 +88,9 @@ def add_parsers(sp):
                  '0, as modern LLMs train; see docs/profile.md)')
   q.add_argument('--quick', action='store_true',
                  help='the fresh profile (no SYSTEM given) is a quick one')
+  q.add_argument('--step-timeout', type=_nonneg_float, default=3600.0,
+                 metavar='S', help='seconds the training ranks may take '
+                 '(default 3600); then they are killed')
   q.add_argument('--save-system', default=None, metavar='SYSTEM.json',
                  help='also write the fresh profile\'s system file here')
   _common(q)
@@ -184,7 +187,12 @@ def run_profile_step_cmd(args, log):
     print(f'ERROR: {err}')
     return EXIT_INFEASIBLE
   log.info(f'Running {plan.describe()}')
-  measured = step.run_step(plan, quiet=args.quiet, report_dir=args.report)
+  try:
+    measured = step.run_step(plan, timeout_s=args.step_timeout,
+                             quiet=args.quiet, report_dir=args.report)
+  except step.StepFailed as err:
+    print(f'ERROR: {err}')
+    return EXIT_INFEASIBLE
   comparison = compare(model, measured, plan, system_source)
   for line in report_lines(comparison):
     log.info(line)

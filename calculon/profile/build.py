@@ -45,14 +45,14 @@ PROCESSING_MODE = 'roofline'
 
 #: ``--smoke`` sizes: every benchmark at tiny sizes, to check the setup
 #: in seconds (the numbers then describe overheads, not the machine).
-SMOKE_SIZES = {'gemm_n': [32, 64], 'vector': [2 ** 10, 2 ** 12],
+SMOKE_SIZES = {'gemm_flop': [2 ** 16, 2 ** 18], 'vector': [2 ** 10, 2 ** 12],
                'mem': [2 ** 12, 2 ** 14], 'net': [2 ** 12, 2 ** 14]}
 
 
 def _cpu_sizes(quick):
   return {
-    'gemm_n': [128, 256, 512, 1024] if quick else
-    [64, 128, 256, 384, 512, 768, 1024, 1536, 2048],
+    'gemm_flop': [2 ** e for e in range(23, 34, 2)] if quick else
+    [2 ** e for e in range(21, 35)],
     'vector': [2 ** 14, 2 ** 17, 2 ** 20, 2 ** 23] if quick else
     [2 ** e for e in range(12, 25, 2)],
     'mem': [2 ** e for e in range(16, 27, 2)] if quick else
@@ -64,8 +64,8 @@ def _cpu_sizes(quick):
 
 def _cuda_sizes(quick):
   return {
-    'gemm_n': [512, 2048, 8192] if quick else
-    [256, 512, 1024, 2048, 4096, 8192, 16384],
+    'gemm_flop': [2 ** e for e in range(27, 45, 3)] if quick else
+    [2 ** e for e in range(25, 45)],
     'vector': [2 ** e for e in range(16, 29, 4)] if quick else
     [2 ** e for e in range(12, 29, 2)],
     'mem': [2 ** e for e in range(16, 31, 4)] if quick else
@@ -75,31 +75,36 @@ def _cuda_sizes(quick):
   }
 
 
-def gemm_shapes(ns, device, quick=False):
-  """[b, m, n, k] shapes for each size n: square (n^3), tall (4n tokens x
-  n x n, a transformer projection; not for the largest n) and batched
-  attention-like (16 heads of n x n x 64 and n x 64 x n)."""
-  limit = (4096 if quick else 8192) if device == 'cuda' else \
-    (512 if quick else 1024)
+def _round16(x):
+  return max(16, int(round(x / 16.0)) * 16)
+
+
+def gemm_shapes(flop_targets, device):
+  """[b, m, n, k] shapes of about each target FLOP count, four families so
+  that every size has each (2 b m n k = target): square n x n x n; a
+  projection of 4n tokens, 4n x n x n; and attention-like batches of 16
+  heads (head size d = 64 on a CPU, 128 on a GPU), scores n x n x d and
+  context n x d x n."""
+  d = 128 if device == 'cuda' else 64
   shapes = []
-  for n in ns:
+  for f in flop_targets:
+    n = _round16((f / 2) ** (1 / 3))
     shapes.append([1, n, n, n])
-    if n <= limit:
-      shapes.append([1, 4 * n, n, n])
-    shapes.append([16, n, n, 64])
-    shapes.append([16, n, 64, n])
+    n = _round16((f / 8) ** (1 / 3))
+    shapes.append([1, 4 * n, n, n])
+    n = _round16((f / (2 * 16 * d)) ** 0.5)
+    shapes.append([16, n, n, d])
+    shapes.append([16, n, d, n])
   return shapes
 
 
 def default_dtypes(device, backend, quick, capability=None):
-  """Datatypes measured by default: float32 only on numpy or in --quick on
-  the CPU; float32, bfloat16, float16 on a CPU with torch; float32, float16
-  and, by compute capability, bfloat16 (>= 8.0) and float8 (>= 8.9) on
-  CUDA."""
-  if backend == 'numpy':
+  """Datatypes measured by default: float32 on the CPU (torch runs
+  bfloat16 and float16 there too, mostly by conversion and slowly: ask for
+  them with --dtypes); on CUDA float32, float16 and, by compute
+  capability, bfloat16 (>= 8.0) and float8 (>= 8.9)."""
+  if backend == 'numpy' or device == 'cpu':
     return ['float32']
-  if device == 'cpu':
-    return ['float32'] if quick else ['float32', 'bfloat16', 'float16']
   out = ['float32', 'float16']
   if capability is not None and capability >= (8, 0):
     out.append('bfloat16')
@@ -129,7 +134,7 @@ def plan(device, backend, procs, quick, dtypes, timeout_s, smoke=False):
   specs = []
   for dt in dtypes:
     specs.append(BenchSpec(f'matrix.{dt}', 'gemm', dict(
-      common, dtype=dt, shapes=gemm_shapes(sizes['gemm_n'], device, quick)),
+      common, dtype=dt, shapes=gemm_shapes(sizes['gemm_flop'], device)),
       timeout_s, threads))
   for dt in dtypes:
     specs.append(BenchSpec(f'vector.{dt}', 'vector', dict(

@@ -45,11 +45,11 @@ def _round_down(x, digits=3):
 
 
 def bucket_medians(sizes, values, per_octave=1):
-  """Groups points by size on a log2 grid; returns [(smallest size in the
+  """Groups points by size on a log2 grid (nearest power of 2); returns [(smallest size in the
   bucket, median value, count)] sorted by size."""
   groups = {}
   for s, v in zip(sizes, values):
-    key = math.floor(math.log2(s) * per_octave)
+    key = round(math.log2(s) * per_octave)
     groups.setdefault(key, []).append((s, v))
   out = []
   for key in sorted(groups):

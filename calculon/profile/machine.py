@@ -206,7 +206,27 @@ def run_profile(device='cpu', procs=1, quick=False, backend='auto',
   return ProfileResult(system, why, outcomes, fit, meta)
 
 
+def _on_sigterm(signum, frame):
+  raise KeyboardInterrupt
+
+
 def _run_all(specs, runner, quiet, log):
+  """Runs the specs; SIGTERM becomes KeyboardInterrupt meanwhile, so the
+  running benchmark's process group is killed on the way out (the runner
+  kills it in a ``finally``), not orphaned."""
+  import signal
+  import threading
+  previous = None
+  if threading.current_thread() is threading.main_thread():
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+  try:
+    return _run_specs(specs, runner, quiet, log)
+  finally:
+    if previous is not None:
+      signal.signal(signal.SIGTERM, previous)
+
+
+def _run_specs(specs, runner, quiet, log):
   from tqdm import tqdm
   bar = tqdm(total=len(specs) * runner.repeats, desc='profile', unit='run',
              disable=True if quiet else None, leave=False)

@@ -120,6 +120,10 @@ class StepPlan:
             f'{f" ({self.threads} threads per rank)" if self.device == "cpu" else ""}')
 
 
+class StepFailed(RuntimeError):
+  """The training ranks failed (an exception, a crash, the timeout)."""
+
+
 def run_step(plan, timeout_s=3600, quiet=False, report_dir=None):
   """Runs the plan's ranks and gathers their measurements.
 
@@ -129,7 +133,8 @@ def run_step(plan, timeout_s=3600, quiet=False, report_dir=None):
 
   Raises:
     ConfigError: CUDA asked for and not available, or too few devices.
-    RuntimeError: a rank failed.
+    StepFailed: a rank raised or died, or ``timeout_s`` passed (the ranks
+      are killed).
   """
   import torch
   import torch.multiprocessing as mp
@@ -147,8 +152,25 @@ def run_step(plan, timeout_s=3600, quiet=False, report_dir=None):
   if plan.device == 'cpu':
     os.environ.update(ALLOCATOR_ENV)   # read by the spawned ranks' malloc
   try:
-    mp.start_processes(_rank, args=(asdict(plan), tmp, report_dir),
-                       nprocs=plan.data_par, start_method='spawn')
+    ctx = mp.start_processes(_rank, args=(asdict(plan), tmp, report_dir),
+                             nprocs=plan.data_par, start_method='spawn',
+                             join=False)
+    deadline = time.monotonic() + timeout_s
+    try:
+      while not ctx.join(timeout=1.0):
+        if time.monotonic() > deadline:
+          raise StepFailed(f'the training ranks did not finish within '
+                           f'{timeout_s:g} s (--step-timeout)')
+    except mp.ProcessRaisedException as err:
+      last = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+      raise StepFailed(f'a training rank failed: {last[-1] if last else err}'
+                       ) from None
+    except mp.ProcessExitedException as err:
+      raise StepFailed(f'a training rank died: {err}') from None
+    finally:
+      for proc in ctx.processes:
+        if proc.is_alive():
+          proc.kill()
     ranks = []
     for r in range(plan.data_par):
       with open(os.path.join(tmp, f'rank{r}.json')) as fd:

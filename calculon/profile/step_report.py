@@ -249,9 +249,13 @@ def report_lines(c):
 
 
 def write_step_report(c, folder):
-  """step.md, layers.csv, phases.csv, layers.png, profiler tables."""
+  """step.md, step.json (the whole comparison), layers.csv, phases.csv,
+  layer_memory.csv, layers.png."""
+  import json
   import pandas as pd
   lines = report_lines(c)
+  write_atomic(os.path.join(folder, 'step.json'),
+               json.dumps(c, indent=2, default=str))
   md = ['# calculon profile-step', '', '```'] + lines + ['```', '',
         '![predicted vs measured per layer](layers.png)', '',
         '## torch.profiler: operators by self time', '', '```',
