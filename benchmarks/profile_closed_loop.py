@@ -80,6 +80,12 @@ def main():
   ap.add_argument('--dp', default='1,2')
   ap.add_argument('--out', default=None, help='keep reports here')
   ap.add_argument('--update-doc', default=None)
+  ap.add_argument('--clock', default='wall', choices=('wall', 'cpu'),
+                  help='clock of both commands (cpu: process CPU time, for a '
+                  'machine shared with other jobs; use with --threads 1)')
+  ap.add_argument('--threads', type=int, default=None,
+                  help='CPU threads per process for both commands (default: '
+                  'cores / DP)')
   args = ap.parse_args()
   out = args.out or tempfile.mkdtemp(prefix='calculon-closed-loop-')
   os.makedirs(out, exist_ok=True)
@@ -103,13 +109,15 @@ def main():
     with open(exe_path, 'w') as fd:
       json.dump(execution(dp), fd)
     sys_path = os.path.join(out, f'system_dp{dp}.json')
-    flags = ['--quick'] if args.quick_profile else []
+    threads = (['--threads', args.threads] if args.threads else []) + \
+      ['--clock', args.clock]
+    flags = (['--quick'] if args.quick_profile else []) + threads
     _, prof_wall = calculon('profile', '--procs', dp, '-q', '-o', sys_path,
                             '--report', os.path.join(out, f'profile_dp{dp}'),
                             *flags)
     report = os.path.join(out, f'step_dp{dp}')
     calculon('profile-step', app_path, exe_path, sys_path, '--steps',
-             args.steps, '--report', report, '-q')
+             args.steps, '--report', report, '-q', *threads)
     with open(os.path.join(report, 'step.json')) as fd:
       c = json.load(fd)
     gemm = {r['layer']: r['err_total_pct'] for r in c['layers']
@@ -128,7 +136,9 @@ def main():
     f'Measured {time.strftime("%Y-%m-%d")} on this machine ('
     f'{os.cpu_count()} CPUs; load average {load_start} at the start, '
     f'{load()} at the end), `python benchmarks/profile_closed_loop.py'
-    f'{" --quick-profile" if args.quick_profile else ""} --steps '
+    f'{" --quick-profile" if args.quick_profile else ""}'
+    f'{f" --threads {args.threads}" if args.threads else ""}'
+    f'{" --clock cpu" if args.clock == "cpu" else ""} --steps '
     f'{args.steps}`: `calculon profile --quick` took {quick_wall:.1f} s. '
     f'Each DP row: a {mode} profile with `--procs DP`, then '
     f'`profile-step` (fastest of {args.steps} steps). Error = 1 - '

@@ -28,6 +28,12 @@ def _common(p):
                  help='write the report (markdown, CSV, PNG, JSON) to DIR')
   p.add_argument('-q', '--quiet', action='store_true',
                  help='no progress bar (shown only on a terminal anyway)')
+  p.add_argument('--threads', type=positive_int, default=None,
+                 help='CPU threads per process (default: cores / processes)')
+  p.add_argument('--clock', default='wall', choices=('wall', 'cpu'),
+                 help='wall time (default), or CPU time of the process (CPU '
+                 'only; on a machine shared with other jobs, with --threads '
+                 '1)')
 
 
 def _runner_options(p):
@@ -110,7 +116,8 @@ def _profile(args, procs, log):
                      smoke=getattr(args, 'smoke', False),
                      backend=args.backend, dtypes=_dtypes(args),
                      timeout_s=args.timeout, retry_delay_s=args.retry_delay,
-                     repeats=args.repeats, quiet=args.quiet, log=log)
+                     repeats=args.repeats, quiet=args.quiet, log=log,
+                     threads=args.threads, clock=args.clock)
 
 
 def run_profile_cmd(args, log):
@@ -156,7 +163,10 @@ def run_profile_step_cmd(args, log):
                                 args.execution)
   plan = step.StepPlan.from_configs(app.config, exe.config, args.device,
                                     args.steps, args.warmup, args.dropout,
-                                    source=args.execution)
+                                    source=args.execution,
+                                    threads=args.threads, clock=args.clock)
+  from calculon.profile.machine import check_clock
+  check_clock(args.clock, args.device)
   if resolve_backend(args.backend, args.device, log) != 'torch':
     from calculon.errors import ConfigError
     raise ConfigError('profile-step needs torch: pip install -e '

@@ -113,8 +113,11 @@ def default_dtypes(device, backend, quick, capability=None):
   return out
 
 
-def threads_per_proc(procs):
-  """CPU threads of each of ``procs`` processes sharing this machine."""
+def threads_per_proc(procs, threads=None):
+  """CPU threads of each of ``procs`` processes sharing this machine:
+  ``threads`` when given (--threads), else cores / procs."""
+  if threads:
+    return int(threads)
   try:
     cores = len(os.sched_getaffinity(0))
   except AttributeError:
@@ -122,24 +125,28 @@ def threads_per_proc(procs):
   return max(1, cores // max(1, procs))
 
 
-def plan(device, backend, procs, quick, dtypes, timeout_s, smoke=False):
-  """The benchmarks of a profile, in the order they run."""
+def plan(device, backend, procs, quick, dtypes, timeout_s, smoke=False,
+         threads=None, clock='wall'):
+  """The benchmarks of a profile, in the order they run (``clock`` for the
+  compute and memory benchmarks; collectives are always timed on the wall
+  clock, since waiting for a peer is their cost)."""
   sizes = _cuda_sizes(quick) if device == 'cuda' else _cpu_sizes(quick)
   if smoke:
     sizes = SMOKE_SIZES
-  threads = threads_per_proc(procs)
+  threads = threads_per_proc(procs, threads)
   min_time = 0.005 if smoke else 0.05 if quick else 0.2
   common = {'backend': backend, 'device': device, 'threads': threads,
             'min_time_s': min_time}
+  local = dict(common, clock=clock)
   specs = []
   for dt in dtypes:
     specs.append(BenchSpec(f'matrix.{dt}', 'gemm', dict(
-      common, dtype=dt, shapes=gemm_shapes(sizes['gemm_flop'], device)),
+      local, dtype=dt, shapes=gemm_shapes(sizes['gemm_flop'], device)),
       timeout_s, threads))
   for dt in dtypes:
     specs.append(BenchSpec(f'vector.{dt}', 'vector', dict(
-      common, dtype=dt, elements=sizes['vector']), timeout_s, threads))
-  specs.append(BenchSpec('mem1', 'memcopy', dict(common, sizes=sizes['mem']),
+      local, dtype=dt, elements=sizes['vector']), timeout_s, threads))
+  specs.append(BenchSpec('mem1', 'memcopy', dict(local, sizes=sizes['mem']),
                          timeout_s, threads))
   if device == 'cuda':
     specs.append(BenchSpec('mem2', 'host_device', dict(

@@ -40,8 +40,8 @@ def _round_down(x, digits=3):
   """``x`` rounded down to ``digits`` significant digits (> 0)."""
   if x <= 0:
     return 0.0
-  scale = 10 ** (math.floor(math.log10(x)) - digits + 1)
-  return math.floor(x / scale) * scale
+  exp = math.floor(math.log10(x)) - digits + 1
+  return float(f'{math.floor(x / 10 ** exp)}e{exp}')
 
 
 def bucket_medians(sizes, values, per_octave=1):

@@ -25,19 +25,28 @@ from calculon.profile.layer_names import (  # noqa: F401 (re-exported)
   ATTN_LAYERS, GEMM_LAYERS, LAYERS, MLP_LAYERS)
 
 
+def _heads(x, heads, head_size):
+  """(b, s, heads x d) -> contiguous (b, heads, s, d): a small copy that
+  lets the batched GEMM run on contiguous operands."""
+  b, s, _ = x.shape
+  return x.view(b, s, heads, head_size).transpose(1, 2).contiguous()
+
+
 class Scores(nn.Module):
-  """Attention scores Q K^T / sqrt(head size), per head (calculon's
-  ``AttnBlock_Multihead_Key_Query`` batched GEMM)."""
+  """Attention scores (Q / sqrt(head size)) K^T, per head (calculon's
+  ``AttnBlock_Multihead_Key_Query`` batched GEMM).  The scale is applied
+  to Q, not to the s x s scores (Megatron folds it into ``baddbmm``'s
+  alpha), so no extra pass over the scores."""
 
   def __init__(self, heads, kv_heads, head_size):
     super().__init__()
     self.heads, self.kv_heads, self.head_size = heads, kv_heads, head_size
 
   def forward(self, q, k):
-    b, s, _ = q.shape
-    q = q.view(b, s, self.heads, self.head_size).transpose(1, 2)
-    k = k.view(b, s, self.kv_heads, self.head_size).transpose(1, 2)
-    return torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.head_size)
+    q = _heads(q * (1.0 / math.sqrt(self.head_size)), self.heads,
+               self.head_size)
+    k = _heads(k, self.kv_heads, self.head_size)
+    return torch.matmul(q, k.transpose(2, 3))
 
 
 class Context(nn.Module):
@@ -50,8 +59,7 @@ class Context(nn.Module):
 
   def forward(self, probs, v):
     b, _, s, _ = probs.shape
-    v = v.view(b, s, self.kv_heads, self.head_size).transpose(1, 2)
-    ctx = torch.matmul(probs, v)
+    ctx = torch.matmul(probs, _heads(v, self.kv_heads, self.head_size))
     return ctx.transpose(1, 2).reshape(b, s, self.heads * self.head_size)
 
 

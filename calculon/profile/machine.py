@@ -3,6 +3,7 @@
 
 import json
 import logging
+import os
 import platform
 import time
 from dataclasses import dataclass, field
@@ -70,6 +71,16 @@ def resolve_backend(backend, device, log=None):
   return backend
 
 
+def check_clock(clock, device):
+  """Raises ConfigError unless ``clock`` is 'wall', or 'cpu' on the CPU."""
+  if clock not in ('wall', 'cpu'):
+    raise ConfigError(f'--clock {clock!r} is not allowed: wall or cpu',
+                      field='--clock', value=clock)
+  if clock == 'cpu' and device != 'cpu':
+    raise ConfigError('--clock cpu measures CPU time: only with --device cpu',
+                      field='--clock', value=clock)
+
+
 def check_cuda(procs):
   """The CUDA compute capability of device 0.
 
@@ -113,6 +124,10 @@ def system_info(device):
     'python': platform.python_version(), 'numpy': numpy.__version__,
     'calculon': calculon.__version__,
   }
+  try:   # other processes slow every measurement: keep the load with it
+    info['load_average'] = [round(x, 2) for x in os.getloadavg()]
+  except (AttributeError, OSError):
+    pass
   if have_torch():
     import torch
     info['torch'] = torch.__version__
@@ -137,7 +152,8 @@ def _cpu_model():
 
 def run_profile(device='cpu', procs=1, quick=False, backend='auto',
                 dtypes=None, timeout_s=None, retry_delay_s=None, repeats=None,
-                tries=3, quiet=False, log=None, smoke=False):
+                tries=3, quiet=False, log=None, smoke=False, threads=None,
+                clock='wall'):
   """Runs every benchmark of the plan and builds the system.
 
   Args:
@@ -146,7 +162,9 @@ def run_profile(device='cpu', procs=1, quick=False, backend='auto',
       on a small CPU).  backend: 'auto', 'torch' or 'numpy'.  dtypes: list
       of datatype names, or None for :func:`build.default_dtypes`.
       smoke: tiny sizes (implies quick): checks the setup, measures
-      overheads only.
+      overheads only.  threads: CPU threads per process (default cores /
+      procs).  clock: 'wall' or 'cpu' (process CPU time, CPU only: see
+      :data:`calculon.profile.timing.CLOCKS`).
     timeout_s, retry_delay_s, repeats, tries: runner settings (defaults:
       300 s / 60 s quick, 5 s / 1 s quick, 3 / 1 quick, 3 tries).
 
@@ -159,6 +177,7 @@ def run_profile(device='cpu', procs=1, quick=False, backend='auto',
   log = log or logging.getLogger('calculon')
   quick = quick or smoke
   backend = resolve_backend(backend, device, log)
+  check_clock(clock, device)
   if procs < 1:
     raise ConfigError(f'--procs {procs} must be >= 1', field='--procs',
                       value=procs)
@@ -176,7 +195,7 @@ def run_profile(device='cpu', procs=1, quick=False, backend='auto',
     else retry_delay_s
   repeats = repeats or (1 if quick else 3)
   specs = build.plan(device, backend, procs, quick, dtypes, timeout_s,
-                     smoke)
+                     smoke, threads, clock)
   env = dict(ALLOCATOR_ENV) if device == 'cpu' else {}
   start = time.perf_counter()
   outcomes = _run_all(specs, Runner(tries=tries, retry_delay_s=retry_delay_s,
@@ -192,8 +211,8 @@ def run_profile(device='cpu', procs=1, quick=False, backend='auto',
     out = outcomes.get(key)
     why[name] = out.error if out is not None else 'not run'
   meta = {'device': device, 'procs': procs, 'backend': backend,
-          'quick': quick, 'smoke': smoke, 'dtypes': dtypes,
-          'threads_per_proc': build.threads_per_proc(procs),
+          'quick': quick, 'smoke': smoke, 'dtypes': dtypes, 'clock': clock,
+          'threads_per_proc': build.threads_per_proc(procs, threads),
           'runner': {'tries': tries, 'retry_delay_s': retry_delay_s,
                      'repeats': repeats, 'timeout_s': timeout_s},
           'allocator_env': env, 'processing_mode_reason':

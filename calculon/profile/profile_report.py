@@ -27,6 +27,11 @@ def _headline(name, out, system):
   return 'ok'
 
 
+def _load(meta):
+  load = meta.get('system_info', {}).get('load_average')
+  return f', load average {load[0]:g}' if load else ''
+
+
 def summary_lines(result):
   """Human-readable summary: one line per benchmark, defaults, and the
   nccl-tests style table of the collectives."""
@@ -34,7 +39,10 @@ def summary_lines(result):
   lines = [f"profile: {m['device']}, {m['procs']} process(es) x "
            f"{m['threads_per_proc']} thread(s), backend {m['backend']}"
            f"{' (numpy BLAS + multiprocessing instead of torch)' if m['backend'] == 'numpy' else ''}"
-           f"{', quick' if m['quick'] else ''}, {m['wall_s']:.1f} s"]
+           f"{', quick' if m['quick'] else ''}"
+           f"{', CPU-time clock' if m.get('clock') == 'cpu' else ''}, "
+           f"{m['wall_s']:.1f} s"
+           f"{_load(m)}"]
   lines.append(f"{'benchmark':<16} {'status':<8} {'runs':>4} {'tries':>5}  "
                'result')
   for name, out in result.outcomes.items():

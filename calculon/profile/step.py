@@ -12,10 +12,10 @@ best (fastest) step, as the profile keeps the best of its runs, so that a
 step slowed by another process on the machine does not count.
 
 Per layer, module hooks time the forward and backward of every module
-(``time.perf_counter`` on the CPU, where PyTorch runs synchronously; CUDA
-events on a GPU).  A forward hook that fires during the backward pass is a
-recomputation.  After the timed steps one more step runs under
-``torch.profiler`` (``profile_memory=True``) with a ``record_function``
+(``time.perf_counter`` on the CPU, where PyTorch runs synchronously, or
+``time.process_time`` with ``--clock cpu``; CUDA events on a GPU).  A
+forward hook that fires during the backward pass is a recomputation.
+After the timed steps one more step runs under ``torch.profiler`` (``profile_memory=True``) with a ``record_function``
 range per layer and phase: the memory each layer allocates, the operator
 tables (the Anemoi profiler's memory report) and, with a report folder, a
 Chrome trace and (CUDA) a memory snapshot.  Step times come from the timed
@@ -76,10 +76,11 @@ class StepPlan:
   dropout: float
   threads: int
   batch_size: int
+  clock: str = 'wall'
 
   @classmethod
   def from_configs(cls, app, exe, device, steps, warmup, dropout,
-                   source='<execution>'):
+                   source='<execution>', threads=None, clock='wall'):
     """A plan from :class:`~calculon.config.Application` and
     :class:`~calculon.config.Execution`.
 
@@ -107,8 +108,8 @@ class StepPlan:
                recompute=exe.activation_recompute, training=exe.training,
                fused_activation=exe.fused_activation, device=device,
                steps=steps, warmup=warmup, dropout=dropout,
-               threads=threads_per_proc(exe.data_par),
-               batch_size=exe.batch_size)
+               threads=threads_per_proc(exe.data_par, threads),
+               batch_size=exe.batch_size, clock=clock)
 
   def describe(self):
     mode = 'training' if self.training else 'inference (forward only)'
@@ -117,6 +118,7 @@ class StepPlan:
             f'{self.seq_size}, microbatch {self.microbatch_size} x '
             f'{self.num_microbatches}, {self.datatype}, recompute '
             f'{self.recompute}, DP {self.data_par} on {self.device}'
+            f'{", CPU-time clock" if self.clock == "cpu" else ""}'
             f'{f" ({self.threads} threads per rank)" if self.device == "cpu" else ""}')
 
 
@@ -194,9 +196,10 @@ class LayerTimer:
   and phase.
   """
 
-  def __init__(self, torch, cuda):
+  def __init__(self, torch, cuda, clock=time.perf_counter):
     self.torch = torch
     self.cuda = cuda
+    self.clock = clock
     self.active = False
     self.ranges = False
     self.in_backward = False
@@ -214,7 +217,7 @@ class LayerTimer:
       ev = self.torch.cuda.Event(enable_timing=True)
       ev.record()
       return ev
-    return time.perf_counter()
+    return self.clock()
 
   def _start(self, key):
     rng = None
@@ -301,6 +304,17 @@ class LayerTimer:
       lambda m, gi, go: self._stop((mid, name, 'bw')))
 
 
+def _table(averages, sort_keys, rows=15):
+  """``key_averages().table`` sorted by the first key this torch knows
+  (the CUDA column names changed across releases)."""
+  for key in sort_keys:
+    try:
+      return averages.table(sort_by=key, row_limit=rows)
+    except (AttributeError, KeyError, ValueError):
+      continue
+  return averages.table(row_limit=rows)
+
+
 def _rank(rank, plan, tmp, report_dir):
   """One DP rank: build, warm up, time, profile; writes rank<r>.json."""
   import datetime
@@ -331,7 +345,8 @@ def _rank(rank, plan, tmp, report_dir):
                      multiquery=plan['multiquery'], dropout=plan['dropout'],
                      recompute=plan['recompute'] if plan['training']
                      else 'none').to(device=dev, dtype=dtype)
-  timer = LayerTimer(torch, cuda)
+  clock = time.process_time if plan['clock'] == 'cpu' else time.perf_counter
+  timer = LayerTimer(torch, cuda, clock)
   for block in model.blocks:
     for name, module in block.layer_modules():
       timer.attach(name, module)
@@ -359,11 +374,11 @@ def _rank(rank, plan, tmp, report_dir):
   phases = {'fw': [], 'bw': [], 'dp_comm': [], 'optim': []}
 
   def one_step(record):
-    t0 = time.perf_counter()
+    t0 = clock()
     fw = bw = 0.0
     for x in inputs:
       timer.in_backward = False
-      a = time.perf_counter()
+      a = clock()
       if training:
         out = model(x)
         loss = out.float().square().mean()
@@ -371,24 +386,24 @@ def _rank(rank, plan, tmp, report_dir):
         with torch.no_grad():
           out = model(x)
       sync()
-      b = time.perf_counter()
+      b = clock()
       fw += b - a
       if training:
         timer.in_backward = True
         loss.backward()
         sync()
-        bw += time.perf_counter() - b
+        bw += clock() - b
       timer.in_backward = False
-    c = time.perf_counter()
+    c = clock()
     if training and world > 1:
       dp_allreduce()
       sync()
-    d = time.perf_counter()
+    d = clock()
     if training:
       opt.step()
       opt.zero_grad(set_to_none=True)
       sync()
-    e = time.perf_counter()
+    e = clock()
     if record:
       for key, value in (('fw', fw), ('bw', bw), ('dp_comm', d - c),
                          ('optim', e - d)):
@@ -442,14 +457,15 @@ def _rank(rank, plan, tmp, report_dir):
         ev.cpu_memory_usage
       layer_mem[f'{name}.{phase}'] = {'bytes_total': float(mem),
                                       'calls': int(ev.count)}
-  sort = 'self_cuda_time_total' if cuda else 'self_cpu_time_total'
-  try:
-    table_time = prof.key_averages().table(sort_by=sort, row_limit=15)
-  except Exception:  # noqa: BLE001 (column names differ across versions)
-    table_time = prof.key_averages().table(row_limit=15)
-  table_mem = prof.key_averages().table(
-    sort_by='self_cuda_memory_usage' if cuda else 'self_cpu_memory_usage',
-    row_limit=15)
+  averages = prof.key_averages()
+  if cuda:
+    table_time = _table(averages, ('self_device_time_total',
+                                   'self_cuda_time_total'))
+    table_mem = _table(averages, ('self_device_memory_usage',
+                                  'self_cuda_memory_usage'))
+  else:
+    table_time = _table(averages, ('self_cpu_time_total',))
+    table_mem = _table(averages, ('self_cpu_memory_usage',))
   if report_dir and rank == 0:
     prof.export_chrome_trace(os.path.join(report_dir, 'trace.json'))
   params = {name: sum(p.numel() for p in mod.parameters())

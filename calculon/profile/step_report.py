@@ -163,10 +163,6 @@ def _system_info(device, rank0):
   from calculon.profile.machine import system_info
   info = system_info(device)
   info['threads_per_rank'] = rank0['threads']
-  try:
-    info['load_average'] = [round(x, 2) for x in os.getloadavg()]
-  except OSError:
-    pass
   return info
 
 

@@ -55,7 +55,10 @@ def main(argv=None):
     print(f'unknown benchmark kind {kind!r}: one of {sorted(kinds)}',
           file=sys.stderr)
     return 2
-  result = kinds[kind](**json.loads(args))
+  args = json.loads(args)
+  from calculon.profile.timing import set_clock
+  set_clock(args.pop('clock', 'wall'))
+  result = kinds[kind](**args)
   sys.stdout.write(RESULT_PREFIX + json.dumps(result) + '\n')
   sys.stdout.flush()
   return 0
