@@ -33,7 +33,8 @@ def gemm_flops(b, m, n, k):
 
 def gemm(backend, device, dtype, shapes, min_time_s=0.2, threads=1):
   """GEMM throughput for each shape [b, m, n, k] (b = 1: plain matmul,
-  else a batched matmul).
+  else a batched matmul); each call allocates its output, as the layers of
+  a training step do.
 
   Raises:
     ValueError: a datatype the backend cannot multiply.
@@ -47,8 +48,7 @@ def gemm(backend, device, dtype, shapes, min_time_s=0.2, threads=1):
     for b, m, n, k in shapes:
       x = rng.standard_normal((b, m, k), dtype=np.float32)
       y = rng.standard_normal((b, k, n), dtype=np.float32)
-      out = np.empty((b, m, n), dtype=np.float32)
-      t = median_time_s(lambda: np.matmul(x, y, out=out), sync, min_time_s)
+      t = median_time_s(lambda: np.matmul(x, y), sync, min_time_s)
       points.append(_gemm_point(b, m, n, k, t))
   else:
     torch = setup_torch(device, threads)
@@ -78,10 +78,8 @@ def _torch_gemm(torch, device, dtype, b, m, n, k, gen):
   y = torch.randn(b, k, n, device=device, generator=gen).to(tdt)
   if b == 1:
     x2, y2 = x[0], y[0]
-    out = torch.empty(m, n, device=device, dtype=tdt)
-    return lambda: torch.mm(x2, y2, out=out)
-  out = torch.empty(b, m, n, device=device, dtype=tdt)
-  return lambda: torch.bmm(x, y, out=out)
+    return lambda: torch.mm(x2, y2)
+  return lambda: torch.bmm(x, y)
 
 
 def _gemm_point(b, m, n, k, t):

@@ -138,6 +138,9 @@ def plan(device, backend, procs, quick, dtypes, timeout_s, smoke=False,
   common = {'backend': backend, 'device': device, 'threads': threads,
             'min_time_s': min_time}
   local = dict(common, clock=clock)
+  if device == 'cpu' and procs > 1:
+    # The other processes of the node compute at the same time.
+    local['copies'] = procs
   specs = []
   for dt in dtypes:
     specs.append(BenchSpec(f'matrix.{dt}', 'gemm', dict(

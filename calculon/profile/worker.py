@@ -40,6 +40,34 @@ def _inject(mode):
     sys.exit(0)
 
 
+def _shadow(kind, args, ready):
+  """Runs benchmark ``kind`` over and over (results discarded)."""
+  fn = _kinds()[kind]
+  ready.set()
+  while True:
+    fn(**args)
+
+
+def _start_shadows(kind, args, count):
+  """``count`` processes running the same benchmark while this one
+  measures: on a CPU shared by ``--procs`` processes, every processor is
+  busy at once (caches and memory bandwidth are shared), as the ranks of a
+  data-parallel step are.  Returns once they are running."""
+  if count < 1:
+    return []
+  import multiprocessing as mp
+  ctx = mp.get_context('spawn')
+  procs = []
+  for _ in range(count):
+    ready = ctx.Event()
+    proc = ctx.Process(target=_shadow, args=(kind, args, ready), daemon=True)
+    proc.start()
+    procs.append((proc, ready))
+  for proc, ready in procs:
+    ready.wait(timeout=120)
+  return [proc for proc, _ in procs]
+
+
 def main(argv=None):
   argv = sys.argv[1:] if argv is None else argv
   if len(argv) != 3:
@@ -58,7 +86,16 @@ def main(argv=None):
   args = json.loads(args)
   from calculon.profile.timing import set_clock
   set_clock(args.pop('clock', 'wall'))
-  result = kinds[kind](**args)
+  copies = int(args.pop('copies', 1))
+  shadows = _start_shadows(kind, args, copies - 1)
+  try:
+    result = kinds[kind](**args)
+  finally:
+    for proc in shadows:
+      proc.kill()
+      proc.join()
+  if copies > 1:
+    result.setdefault('info', {})['concurrent_copies'] = copies
   sys.stdout.write(RESULT_PREFIX + json.dumps(result) + '\n')
   sys.stdout.flush()
   return 0
