@@ -145,7 +145,7 @@ def main():
     'predicted / measured.', '',
     '| DP | threads/rank | profile (s) | step measured (s) | predicted (s) '
     '| step error | ' + ' | '.join(SHORT[g] for g in GEMMS) +
-    ' | max GEMM |err| |',
+    ' | largest GEMM error |',
     '|---|---|---|---|---|---|' + '---|' * len(GEMMS) + '---|']
   for r in rows:
     table.append(

@@ -210,7 +210,8 @@ def test_profile_numpy_fallback_with_faults_completes(tmp_path):
   os.environ['CALCULON_PROFILE_INJECT'] = env_inject
   try:
     res = run_cli('profile', '--quick', '--backend', 'numpy', '--procs', '2',
-                  '--retry-delay', '0.05', '-o', out, '--report', report)
+                  '--retry-delay', '0.05', '--clock', 'cpu', '-o', out,
+                  '--report', report)
   finally:
     if old is None:
       os.environ.pop('CALCULON_PROFILE_INJECT')
@@ -219,7 +220,7 @@ def test_profile_numpy_fallback_with_faults_completes(tmp_path):
   assert res.returncode == 0, res.stderr
   text = res.stdout
   assert 'backend numpy (numpy BLAS + multiprocessing instead of torch)' \
-    in text
+    in text and 'CPU-time clock' in text
   assert 'vector.float32   FAILED      0     3  DEFAULT: exit status 3' in text
   assert 'mem1             FAILED      0     3  DEFAULT: CALCULON_RESULT is ' \
     'not valid JSON' in text
@@ -242,6 +243,10 @@ def test_profile_numpy_fallback_with_faults_completes(tmp_path):
   assert system['networks'][0]['size'] == 2
   assert system['mem1']['GBps'] == build.DEFAULTS['cpu']['mem1_GBps']
   assert prof['meta']['backend'] == 'numpy'
+  assert prof['meta']['clock'] == 'cpu'
+  matrix = [b for b in prof['benchmarks'] if b['name'] == 'matrix.float32']
+  # --procs 2 on a CPU: a second copy computed beside the measured one
+  assert matrix[0]['best']['info']['concurrent_copies'] == 2
   for name in ('profile.md', 'matrix.float32.csv', 'network.csv',
                'curves.png', 'system.json'):
     assert (report / name).exists(), name

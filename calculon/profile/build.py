@@ -51,9 +51,9 @@ SMOKE_SIZES = {'gemm_flop': [2 ** 16, 2 ** 18], 'vector': [2 ** 10, 2 ** 12],
 
 def _cpu_sizes(quick):
   return {
-    'gemm_flop': [2 ** e for e in range(23, 34, 2)] if quick else
+    'gemm_flop': [2 ** e for e in range(23, 32, 2)] if quick else
     [2 ** e for e in range(21, 35)],
-    'vector': [2 ** 14, 2 ** 17, 2 ** 20, 2 ** 23] if quick else
+    'vector': [2 ** 14, 2 ** 17, 2 ** 20, 2 ** 22] if quick else
     [2 ** e for e in range(12, 25, 2)],
     'mem': [2 ** e for e in range(16, 27, 2)] if quick else
     [2 ** e for e in range(14, 29)],
