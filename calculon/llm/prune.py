@@ -65,13 +65,23 @@ def rate_bound(ev):
   train = ev.training
   # TP communication a block exposes whatever else is chosen: the smaller
   # of a base and an edge block's (both are >= it).
-  fw = b.fw_time + np.minimum(b.base_fw_tp_exposed, b.edge_fw_tp_exposed) \
-    + ev._block_fw_extra_s
+  fw = b.fw_time + np.minimum(b.base_fw_tp_exposed, b.edge_fw_tp_exposed)
   bw = np.where(train, b.re_time + b.agrad_time + b.wgrad_time +
                 np.minimum(b.base_agrad_tp_exposed, b.edge_agrad_tp_exposed)
-                + np.minimum(b.base_recomm_exposed, b.edge_recomm_exposed)
-                + ev._block_bw_extra_s, 0)
-  per_block = fw + bw
+                + np.minimum(b.base_recomm_exposed, b.edge_recomm_exposed),
+                0)
+  # Exposed CP, FSDP and EP traffic, at its smallest over the axes the
+  # block's compute does not depend on (their tiers, the dispatcher...), so
+  # the bound keeps the block's axes only.
+  extra = np.asarray(ev._block_fw_extra_s + ev._block_bw_extra_s)
+  core = np.shape(fw + bw)
+  if extra.ndim:
+    core = (1,) * (extra.ndim - len(core)) + core
+    free = tuple(i for i in range(extra.ndim)
+                 if extra.shape[i] > 1 and core[i] == 1)
+    if free:
+      extra = extra.min(axis=free, keepdims=True)
+  per_block = fw + bw + extra
   compute = ev._mult * per_block + np.where(
     train, ev.blocks_per_proc * b.optim_time, 0)
   if ev.app.has_vocab:
