@@ -284,10 +284,10 @@ def test_profile_checks_outputs_before_work(tmp_path):
   assert res.returncode == 2
   assert 'does not exist' in res.stderr
   res = run_cli('profile', '--quick', '-o', tmp_path / 'x.txt')
-  assert res.returncode == 2 and 'must end in .json' in res.stderr
+  assert res.returncode == 2 and 'must be *.json' in res.stderr
   (tmp_path / 'file').write_text('')
   res = run_cli('profile', '--quick', '--report', tmp_path / 'file')
-  assert res.returncode == 2 and 'is a file, not a directory' in res.stderr
+  assert res.returncode == 2 and 'is a file, not a folder' in res.stderr
 
 
 def test_profile_cuda_without_a_gpu_is_bad_input():

@@ -200,17 +200,21 @@ def cell_columns(spec, group, cells, base):
   return ExecutionColumns(**cols), shape
 
 
-def price_flat(spec, cols, shape=None):
+def price_flat(spec, cols, shape=None, source=None, index=None):
   """(rate, reason) arrays of executions (``shape``: their broadcast shape,
   default 1-d), isolating engine errors: a batch that raises is halved
   along its first dimension until the failing cells are found (reason
-  ENGINE_ERROR)."""
+  ENGINE_ERROR).  ``source``, ``index``: an Evaluation whose block totals
+  the cells reuse, and the cells' indices into its grid (see
+  :class:`TotalsAt`)."""
   if shape is None:
     shape = np.broadcast_shapes(*(np.shape(getattr(cols, f))
                                   for f in vars(cols)))
   shape = tuple(shape) or (1,)
   try:
     ev = Evaluation(spec.app, spec.system, cols)
+    if source is not None:
+      _reuse_totals(ev, source, index)
     with np.errstate(all='ignore'):
       rate = np.broadcast_to(ev.sample_rate, shape).astype(float)
       reason = np.broadcast_to(ev.reason, shape).astype(np.int64)
@@ -227,13 +231,47 @@ def price_flat(spec, cols, shape=None):
         f: (getattr(cols, f)[sl] if np.ndim(getattr(cols, f)) and
             np.shape(getattr(cols, f))[0] == n else getattr(cols, f))
         for f in vars(cols)})
-      parts.append(price_flat(spec, sub, (len(range(n)[sl]),) + shape[1:]))
+      parts.append(price_flat(
+        spec, sub, (len(range(n)[sl]),) + shape[1:], source,
+        None if index is None else [ix[sl] for ix in index]))
     return (np.concatenate([p[0] for p in parts]),
             np.concatenate([p[1] for p in parts]))
 
 
 #: Cells of a level-2 grid priced at once.
 L2_CELLS = 1 << 18
+
+
+class TotalsAt:
+  """The per-block totals of a grid (a BlockTotals or BlockMix over the
+  group's reduced grid) read at the cells of a new grid: ``index`` holds,
+  per axis of the source grid, an integer array broadcastable to the new
+  grid's shape giving each new cell's index along that axis.  The block
+  depends on none of the inner axes, so the Evaluations of level-2 grids
+  and of the inner combinations reuse the level-1 block instead of
+  rebuilding it."""
+
+  def __init__(self, totals, index):
+    self._totals, self._index = totals, index
+
+  def __getattr__(self, name):
+    if name.startswith('_'):
+      raise AttributeError(name)
+    value = getattr(self._totals, name)
+    if np.ndim(value):
+      value = np.asarray(value)
+      sel = tuple(ix if n > 1 else 0
+                  for ix, n in zip(self._index, value.shape))
+      value = value[sel]
+    setattr(self, name, value)
+    return value
+
+
+def _reuse_totals(ev, source, index):
+  """Gives Evaluation ``ev`` the block, embedding and head totals of
+  Evaluation ``source`` (see :class:`TotalsAt`)."""
+  for attr in ('block', 'embed', 'head'):
+    ev.__dict__[attr] = TotalsAt(getattr(source, attr), index)
 
 
 def search_group(spec, group, top_n, threshold_of):
@@ -268,11 +306,13 @@ def search_group(spec, group, top_n, threshold_of):
     own = res.best[top_n - 1][0] if len(res.best) >= top_n else 0.0
     return max(threshold_of(), own)
 
+  ev1 = None
   try:
     with np.errstate(all='ignore'):
       ev1 = Evaluation(spec.app, spec.system, base)
       l1 = np.asarray(rate_bound(ev1), dtype=float)
   except Exception:  # noqa: BLE001 -- bound nothing, price everything
+    ev1 = None
     l1 = np.full((1,) * naxes, np.inf)
   l1 = np.where(np.isnan(l1), np.inf, l1)
   if l1.ndim < naxes:
@@ -320,9 +360,20 @@ def search_group(spec, group, top_n, threshold_of):
     grid = ExecutionColumns(**cols)
     full_shape = (k,) + tuple(1 if i in dep else len(reduced.values[axes[i]])
                               for i in range(naxes))
+    index = []
+    for i in range(naxes):
+      dims = [1] * (naxes + 1)
+      if i in dep:
+        dims[0] = k
+        index.append(part[:, dep.index(i)].reshape(dims))
+      else:
+        dims[1 + i] = len(reduced.values[axes[i]])
+        index.append(np.arange(dims[1 + i]).reshape(dims))
     try:
       with np.errstate(all='ignore'):
         ev2 = Evaluation(spec.app, spec.system, grid)
+        if ev1 is not None:
+          _reuse_totals(ev2, ev1, index)
         l2 = np.broadcast_to(reduced_bound(
           ev2, len(group.values['data_par_overlap']) > 1), full_shape)
         valid = np.broadcast_to(valid_mask(grid), full_shape)
@@ -356,7 +407,10 @@ def search_group(spec, group, top_n, threshold_of):
       if not len(sub):
         continue
       gcols, gshape = cell_columns(spec, group, sub, base)
-      rate, reason = price_flat(spec, gcols, gshape)
+      inner_ndim = len(gshape) - 1
+      rate, reason = price_flat(
+        spec, gcols, gshape, ev1,
+        [sub[:, i].reshape((-1,) + (1,) * inner_ndim) for i in range(naxes)])
       ok = np.broadcast_to(valid_mask(gcols), gshape).reshape(-1)
       full = expand(sub, group, axes)[ok]
       rate, reason = rate.reshape(-1)[ok], reason.reshape(-1)[ok]
