@@ -494,13 +494,9 @@ class BlockTotals:
     names += ['weight_bytes', 'act_working_bytes', 'act_storage_bytes',
               'weight_grad_bytes', 'weight_grad_unsharded_bytes',
               'act_grad_bytes', 'optimizer_bytes', 'useful_bw_flops',
-              'dp_window_re_flops_time', 'dp_window_re_mem_time',
-              'weight_elems', 'core_fw_time', 'core_bw_time',
-              'matrix_fw_flops', 'matrix_bw_flops', 'expert_weight_elems',
-              'expert_weight_bytes', 'ep_bytes', 'ep_fw_time', 'ep_bw_time',
-              'ep_re_time', 'shared_fw_time', 'shared_bw_time',
-              'experts_fw_time', 'experts_bw_time']
+              'dp_window_re_flops_time', 'dp_window_re_mem_time']
     acc = {n: _Sum() for n in names}
+    self._layers, self._training = layers, training
     tp_req = 0.0
     train = flag(training)
 
@@ -565,40 +561,7 @@ class BlockTotals:
           acc[f'{stage}_mem_time'].add(layer.mem_time_s(stage), p, t)
           acc[f'{stage}_time'].add(layer.processing_time_s(stage), p, t)
 
-      # Attention core (context parallelism overlaps its ring with it) and
-      # GEMM FLOP (model FLOP checks).
-      if getattr(layer, 'core', False):
-        acc['core_fw_time'].add(layer.processing_time_s('fw'), p)
-        if train is not False:
-          acc['core_bw_time'].add(layer.processing_time_s('agrad') +
-                                  layer.processing_time_s('wgrad'), p, train)
-      if layer.matrix:
-        acc['matrix_fw_flops'].add(fw_flops, p)
-        if train is not False:
-          acc['matrix_bw_flops'].add(layer.flops('agrad') +
-                                     layer.flops('wgrad'), p, train)
-      # Mixture-of-Experts: expert-parallel communication, routed-expert
-      # weights and the compute the dispatch may hide behind.
-      if hasattr(layer, 'ep_time_s'):
-        ep = layer.ep_time_s()
-        acc['ep_bytes'].add(layer.ep_bytes(), p)
-        acc['ep_fw_time'].add(ep, p)
-        if train is not False:
-          acc['ep_bw_time'].add(ep, p, train)
-          if layer.recompute is not False:
-            acc['ep_re_time'].add(ep, p, _and(train, layer.recompute))
-      part = getattr(layer, 'part', None)
-      if part is not None:
-        acc[f'{part}_fw_time'].add(layer.processing_time_s('fw'), p)
-        if train is not False:
-          acc[f'{part}_bw_time'].add(layer.processing_time_s('agrad') +
-                                     layer.processing_time_s('wgrad'), p,
-                                     train)
-      if layer.expert:
-        acc['expert_weight_elems'].add(layer.weights, p)
-        acc['expert_weight_bytes'].add(layer.weight_bytes(), p)
       # Memory kept per block.
-      acc['weight_elems'].add(layer.weights, p)
       acc['weight_bytes'].add(layer.weight_bytes(), p)
       act = layer.activation_bytes()
       if layer.activation_reused is not True:
@@ -623,6 +586,62 @@ class BlockTotals:
     self.act_storage_bytes = np.where(recompute_full, 0, self.act_storage_bytes)
     if np.ndim(self.act_storage_bytes) == 0:
       self.act_storage_bytes = self.act_storage_bytes[()]
+
+
+  #: Totals of the modern features, computed on first use (a second pass
+  #: over the layers) so that Calculon's executions never pay for them.
+  MODERN = ('weight_elems', 'core_fw_time', 'core_bw_time', 'matrix_fw_flops',
+            'matrix_bw_flops', 'expert_weight_elems', 'expert_weight_bytes',
+            'ep_bytes', 'ep_fw_time', 'ep_bw_time', 'ep_re_time',
+            'shared_fw_time', 'shared_bw_time', 'experts_fw_time',
+            'experts_bw_time')
+
+  def __getattr__(self, name):
+    if name not in self.MODERN:
+      raise AttributeError(name)
+    self._modern_totals()
+    return self.__dict__[name]
+
+  def _modern_totals(self):
+    """The attention core's time (context parallelism overlaps its ring
+    with it), GEMM FLOP (model FLOP checks), weight elements, and for
+    Mixture-of-Experts the expert-parallel communication, the routed
+    experts' weights and the compute the dispatch may hide behind."""
+    acc = {n: _Sum() for n in self.MODERN}
+    train = flag(self._training)
+    for layer in self._layers:
+      p = layer.present
+      if getattr(layer, 'core', False):
+        acc['core_fw_time'].add(layer.processing_time_s('fw'), p)
+        if train is not False:
+          acc['core_bw_time'].add(layer.processing_time_s('agrad') +
+                                  layer.processing_time_s('wgrad'), p, train)
+      if layer.matrix:
+        acc['matrix_fw_flops'].add(layer.flops('fw'), p)
+        if train is not False:
+          acc['matrix_bw_flops'].add(layer.flops('agrad') +
+                                     layer.flops('wgrad'), p, train)
+      if hasattr(layer, 'ep_time_s'):
+        ep = layer.ep_time_s()
+        acc['ep_bytes'].add(layer.ep_bytes(), p)
+        acc['ep_fw_time'].add(ep, p)
+        if train is not False:
+          acc['ep_bw_time'].add(ep, p, train)
+          if layer.recompute is not False:
+            acc['ep_re_time'].add(ep, p, _and(train, layer.recompute))
+      part = getattr(layer, 'part', None)
+      if part is not None:
+        acc[f'{part}_fw_time'].add(layer.processing_time_s('fw'), p)
+        if train is not False:
+          acc[f'{part}_bw_time'].add(layer.processing_time_s('agrad') +
+                                     layer.processing_time_s('wgrad'), p,
+                                     train)
+      if layer.expert:
+        acc['expert_weight_elems'].add(layer.weights, p)
+        acc['expert_weight_bytes'].add(layer.weight_bytes(), p)
+      acc['weight_elems'].add(layer.weights, p)
+    for name, total in acc.items():
+      self.__dict__[name] = total.value
 
 
 def _max_masked(current, layer, stage, present):

@@ -342,7 +342,11 @@ class Evaluation:
   def _block_fw_extra_s(self):
     """Exposed CP ring, FSDP and expert-parallel traffic of a block's
     forward (0 without)."""
-    extra = self.block_cp_fw_exposed_s + self.block_fsdp_fw_exposed_s
+    extra = 0.0
+    if np.any(self.cp > 1):
+      extra = extra + self.block_cp_fw_exposed_s
+    if np.any(self.fsdp):
+      extra = extra + self.block_fsdp_fw_exposed_s
     if self.app.is_moe:
       extra = extra + self.block_ep_fw_exposed_s
     return extra
@@ -351,9 +355,15 @@ class Evaluation:
   def _block_bw_extra_s(self):
     """Exposed CP ring, FSDP and expert-parallel traffic of a block's
     backward."""
-    extra = self.block_cp_bw_exposed_s + self.block_fsdp_bw_exposed_s
+    extra = 0.0
+    if np.any(self.cp > 1):
+      extra = extra + self.block_cp_bw_exposed_s
+    if np.any(self.fsdp):
+      extra = extra + self.block_fsdp_bw_exposed_s
     if self.app.is_moe:
       extra = extra + self.block_ep_bw_exposed_s
+    if np.ndim(extra) == 0 and extra == 0.0:
+      return 0.0
     return np.where(self.training, extra, 0)
 
   # -- expert parallelism ---------------------------------------------------------
@@ -551,8 +561,10 @@ class Evaluation:
         we = we - totals.expert_weight_elems
     elif experts:
       return 0.0
-    return np.where(self.exe.gradient_datatype == UNSET, wb,
-                    we * self.grad_bytes)
+    unset = self.exe.gradient_datatype == UNSET
+    if np.all(unset):
+      return wb
+    return np.where(unset, wb, we * self.grad_bytes)
 
   def _dp_group_time_s(self, reduce, gather, dp):
     net, tier = self.system.networks, self.exe.data_par_net
