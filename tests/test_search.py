@@ -219,12 +219,15 @@ def _modern_system():
   return cfg
 
 
-@pytest.mark.parametrize('procs,batch,top_n', [(8, 16, 25), (16, 16, 40)])
-def test_modern_pruned_search_equals_exhaustive(procs, batch, top_n):
+@pytest.mark.parametrize('procs,batch,top_n,moe', [
+  (8, 16, 25, False), (16, 16, 40, False), (4, 4, 30, True)])
+def test_modern_pruned_search_equals_exhaustive(procs, batch, top_n, moe):
   """Branch and bound (calculon.llm.prune) never drops a member of the true
   top-n: the pruned search returns exactly the exhaustive top-n (rates,
   executions and tie order), while pricing a small part of the space."""
-  app = Application.from_dict(MODERN_APP)
+  cfg = dict(MODERN_APP, num_experts=4, top_k=2, moe_ffn_hidden=704,
+             first_dense_blocks=1) if moe else MODERN_APP
+  app = Application.from_dict(cfg)
   system = System(_modern_system())
   spec = dict(app=app, system=system, num_procs=procs, max_batch_size=batch,
               datatype='float16', space='modern')
@@ -240,6 +243,9 @@ def test_modern_pruned_search_equals_exhaustive(procs, batch, top_n):
   g = {a for grp in full.groups for a in grp.axes if len(grp.values[a]) > 1}
   assert {'data_par_sharding', 'attention_kernel', 'context_par_net',
           'activation_recompute'} <= g
+  if moe:
+    assert {'expert_par', 'expert_tensor_par', 'moe_dispatcher',
+            'moe_comm_overlap', 'expert_par_net'} <= g
   assert any(grp.cp > 1 for grp in full.groups)
   from calculon.llm.results import best_to_output
   out = best_to_output(S.SearchSpec(prune=True, **spec), pruned)
