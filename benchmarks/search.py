@@ -14,7 +14,10 @@ Usage (from the repository root):
 (d) the full modern search of Llama 3.1 405B on 16,384 H100s, batch 2,048
     (16M tokens), float8 with Transformer Engine: every TP, PP, CP, DP,
     sharding level, kernel and the rest (0.9 billion executions), with the
-    exact branch and bound.
+    exact branch and bound;
+(e) Mixtral 8x22B on 1,024 H100s, batch 1,024, bfloat16: also every EP,
+    ETP, dispatcher, overlap and EP tier (18 billion executions);
+(f) DeepSeek-V3 on 2,048 H100s, batch 4,096, float8 (67 billion).
 
 Each runs `python -m calculon llm-optimal-execution` in a subprocess; wall
 time is the whole command (start-up included); peak memory is the largest
@@ -41,11 +44,17 @@ CASES = {
         ['models/gpt3-175B.json', '1024', '1536', 'float16',
          'systems/a100_80g.json', '-t', '5']),
   'c': ('Llama 3 8B, 64 H100, modern space, no pruning',
-        ['models/llama3-8B.json', '64', '256', 'float16',
-         'systems/h100_80g_nvl8.json', '-t', '5', '--no-prune']),
+        ['models/llama3-8B.json', '64', '256', 'bfloat16',
+         'systems/h100_sxm_80g.json', '-t', '5', '--no-prune']),
   'd': ('Llama 3.1 405B, 16,384 H100, modern space (pruned)',
         ['models/llama3.1-405B.json', '16384', '2048', 'float8',
-         'systems/h100_80g_nvl8.json', '-t', '5']),
+         'systems/h100_sxm_80g.json', '-t', '5']),
+  'e': ('Mixtral 8x22B, 1,024 H100, modern space (pruned)',
+        ['models/mixtral-8x22B.json', '1024', '1024', 'bfloat16',
+         'systems/h100_sxm_80g.json', '-t', '5']),
+  'f': ('DeepSeek-V3, 2,048 H100, modern space (pruned)',
+        ['models/deepseek-v3.json', '2048', '4096', 'float8',
+         'systems/h100_sxm_80g.json', '-t', '5']),
 }
 
 
@@ -113,12 +122,13 @@ def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument('--cpus', type=int, default=None,
                   help='worker processes (default: calculon default)')
-  ap.add_argument('--only', choices=sorted(CASES), default=None)
+  ap.add_argument('--only', default=None,
+                  help='cases to run, e.g. "ab" or "d" (default: all)')
   ap.add_argument('--repeat', type=int, default=1,
                   help='runs per case; the fastest is reported')
   args = ap.parse_args()
   rows = []
-  for key in ([args.only] if args.only else sorted(CASES)):
+  for key in (list(args.only) if args.only else sorted(CASES)):
     runs = [run(key, args.cpus) for _ in range(args.repeat)]
     rows.append(min(runs, key=lambda r: r['wall_s']))
   cores = psutil.cpu_count(logical=False)

@@ -430,3 +430,28 @@ def test_bad_modern_fields_are_one_line_errors():
   with pytest.raises(ConfigError, match="field 'context_par' = 0 is not "
                      'allowed: an integer >= 1'):
     Execution.from_dict(dict(BASE_EXE, context_par=0))
+
+
+@pytest.mark.parametrize('system', ['h100_sxm_80g', 'h100_80g_nvl8'])
+def test_mlperf_gpt3_175b_fits_in_80_gb(system):
+  """MLPerf Training GPT-3 175B as NVIDIA ran it on H100 (TP 4, PP 8,
+  interleaving 12, microbatch 1, sequence parallelism, no recomputation,
+  FlashAttention, distributed optimizer, FP8 with Transformer Engine; 512
+  GPUs, global batch 2048): it ran, so it must fit in 80 GB.  Storing the
+  s x s scores instead (Calculon's attention) does not."""
+  app = Application.from_dict(read_json_file(
+    f'{ROOT}/models/gpt3-175B-vocab.json'))
+  sysm = System(read_json_file(f'{ROOT}/systems/{system}.json'))
+  fields = dict(tensor_par=4, pipeline_par=8, data_par=16, batch_size=2048,
+                microbatch_size=1, datatype='float8', fused_activation=True,
+                pipeline_interleaving=12, data_par_sharding='optimizer',
+                tensor_par_comm_type='rs_ag', tensor_par_overlap='pipe',
+                data_par_overlap=True, tensor_par_net=0, pipeline_par_net=1,
+                data_par_net=1, attention_kernel='flash',
+                precision_recipe='transformer_engine',
+                gradient_datatype='float32')
+  ev = evaluation(app, sysm, **fields)
+  assert bool(ev.feasible)
+  assert value(ev.mem1_bytes) < 80 * 2 ** 30
+  old = evaluation(app, sysm, **dict(fields, attention_kernel='standard'))
+  assert not bool(old.feasible)
