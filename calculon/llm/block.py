@@ -68,6 +68,22 @@ class Shape:
                                      -(-g // tp) * d))
 
 
+def _adder(ctx, layers):
+  """``add(layer_cls, name, *args, present=True, core=False, **kw)``:
+  appends a layer to ``layers`` unless absent for every execution; tags it
+  ``core`` (attention core) and ``part`` ('shared' or 'experts' by name)."""
+  def add(layer_cls, name, *args, present=True, core=False, **kw):
+    present = _mask(present)
+    if present is False:
+      return
+    layer = layer_cls(name, ctx, *args, present=present, **kw)
+    layer.core = core
+    layer.part = 'shared' if name.startswith('Shared_') else (
+      'experts' if name.startswith('Moe_Experts') else None)
+    layers.append(layer)
+  return add
+
+
 def build_block(app, exe, ctx, moe=False):
   """The layers of one block for executions ``exe`` (``moe``: a block whose
   MLP is a Mixture-of-Experts layer, see :func:`_moe_mlp`).
@@ -124,16 +140,7 @@ def build_block(app, exe, ctx, moe=False):
   norm_name = 'RMSNorm' if app.norm == 'rmsnorm' else 'LayerNorm'
 
   layers = []
-
-  def add(layer_cls, name, *args, present=True, core=False, **kw):
-    present = _mask(present)
-    if present is False:
-      return
-    layer = layer_cls(name, ctx, *args, present=present, **kw)
-    layer.core = core
-    layer.part = 'shared' if name.startswith('Shared_') else (
-      'experts' if name.startswith('Moe_Experts') else None)
-    layers.append(layer)
+  add = _adder(ctx, layers)
 
   # -- attention ---------------------------------------------------------------
   add(Fork, 'AttnBlock_Fork', act_in, 3 if parallel else 2, recompute=full,
@@ -378,14 +385,7 @@ def build_embedding(app, exe, ctx):
   positions = app.seq_size * app.hidden \
     if app.pos_embedding == 'learned' else 0
   layers = []
-
-  def add(layer_cls, name, *args, present=True, **kw):
-    present = _mask(present)
-    if present is False:
-      return
-    layer = layer_cls(name, ctx, *args, present=present, **kw)
-    layer.core = False
-    layers.append(layer)
+  add = _adder(ctx, layers)
   add(EmbeddingLookup, 'Embedding_Lookup', shape.act, table, positions,
       activation_stored=False)
   add(TPComm, 'Embedding_G', shape.act, True, activation_stored=False,
@@ -408,14 +408,7 @@ def build_head(app, exe, ctx, holds_weights=True):
   vocab_local = -(-app.vocab_size // tp)
   norm_cls = RMSNorm if app.norm == 'rmsnorm' else LayerNorm
   layers = []
-
-  def add(layer_cls, name, *args, present=True, **kw):
-    present = _mask(present)
-    if present is False:
-      return
-    layer = layer_cls(name, ctx, *args, present=present, **kw)
-    layer.core = False
-    layers.append(layer)
+  add = _adder(ctx, layers)
   add(norm_cls, 'Head_Norm', shape.act_in, app.hidden)
   add(TPComm, 'Head_F', shape.act, False, present=tp > 1)
   head = Linear('Head_Logits', ctx, shape.batch_seq, app.hidden, vocab_local,

@@ -167,6 +167,28 @@ class Group:
     return self.axes.index('microbatch_size')
 
 
+def _option_values(spec, tp, pp, dp, dp_group, mbs, nets, has_mem2):
+  """Values of the axes both spaces share, for one group (``dp_group``:
+  the ranks DP communication spans, DP x CP)."""
+  tf = [True, False]
+  return {
+    'tensor_par_comm_type': TP_COMM_ORDER,
+    'seq_par_ag_redo': tf,
+    'data_par_overlap': tf if dp_group > 1 and spec.allow_dp_overlap
+    else [False],
+    'tensor_par_overlap': TP_OVERLAP_ORDER
+    if tp > 1 and spec.allow_tp_overlap else TP_OVERLAP_ORDER[:1],
+    'weight_offload': tf if has_mem2 else [False],
+    'activations_offload': tf if has_mem2 else [False],
+    'optimizer_offload': tf if has_mem2 else [False],
+    'fused_activation': list(spec.fused_activation),
+    'microbatch_size': mbs,
+    'tensor_par_net': nets if tp > 1 else [0],
+    'pipeline_par_net': nets if pp > 1 else [0],
+    'data_par_net': nets if dp > 1 else [0],
+  }
+
+
 def _calculon_groups(spec):
   app, system = spec.app, spec.system
   nets = list(range(system.num_networks))
@@ -180,27 +202,13 @@ def _calculon_groups(spec):
       if batch is None:
         continue
       mbs = space.microbatch_sizes(app.seq_size, tp, dp, batch)
-      tf = [True, False]
-      values = {
+      values = _option_values(spec, tp, pp, dp, dp, mbs, nets, has_mem2)
+      values.update({
         'pipeline_interleaving': space.pipeline_interleavings(
           app.num_blocks, pp),
         'activation_recompute': RECOMPUTE_ORDER,
-        'optimizer_sharding': tf if dp > 1 else [False],
-        'tensor_par_comm_type': TP_COMM_ORDER,
-        'seq_par_ag_redo': tf,
-        'data_par_overlap': tf if dp > 1 and spec.allow_dp_overlap
-        else [False],
-        'tensor_par_overlap': TP_OVERLAP_ORDER
-        if tp > 1 and spec.allow_tp_overlap else TP_OVERLAP_ORDER[:1],
-        'weight_offload': tf if has_mem2 else [False],
-        'activations_offload': tf if has_mem2 else [False],
-        'optimizer_offload': tf if has_mem2 else [False],
-        'fused_activation': list(spec.fused_activation),
-        'microbatch_size': mbs,
-        'tensor_par_net': nets if tp > 1 else [0],
-        'pipeline_par_net': nets if pp > 1 else [0],
-        'data_par_net': nets if dp > 1 else [0],
-      }
+        'optimizer_sharding': [True, False] if dp > 1 else [False],
+      })
       # The ppint axis with the (rarely) empty mbs list keeps size 0.
       out.append(Group(len(out), tp, pp, dp, batch, values))
   return out
@@ -235,30 +243,16 @@ def _modern_groups(spec):
         seq = app.seq_size // cp
         mbs = [c for c in space.factors(batch // dp) if (c * seq) % tp == 0]
         bpp = -(-app.num_blocks // pp)
-        tf = [True, False]
         dpcp = dp * cp
-        values = {
+        values = _option_values(spec, tp, pp, dp, dpcp, mbs, nets, has_mem2)
+        values.update({
           'pipeline_interleaving': space.factors(bpp) if pp > 1 else [1],
           'activation_recompute': MODERN_RECOMPUTE_ORDER,
           'data_par_sharding': SHARDING_ORDER if dpcp > 1
           else SHARDING_ORDER[:1],
           'attention_kernel': KERNEL_ORDER,
-          'tensor_par_comm_type': TP_COMM_ORDER,
-          'seq_par_ag_redo': tf,
-          'data_par_overlap': tf if dpcp > 1 and spec.allow_dp_overlap
-          else [False],
-          'tensor_par_overlap': TP_OVERLAP_ORDER
-          if tp > 1 and spec.allow_tp_overlap else TP_OVERLAP_ORDER[:1],
-          'weight_offload': tf if has_mem2 else [False],
-          'activations_offload': tf if has_mem2 else [False],
-          'optimizer_offload': tf if has_mem2 else [False],
-          'fused_activation': list(spec.fused_activation),
-          'microbatch_size': mbs,
-          'tensor_par_net': nets if tp > 1 else [0],
-          'pipeline_par_net': nets if pp > 1 else [0],
-          'data_par_net': nets if dp > 1 else [0],
           'context_par_net': nets if cp > 1 else [0],
-        }
+        })
         if app.is_moe:
           folded = tp * dp * cp
           values['expert_par'] = [e for e in space.factors(app.num_experts)
