@@ -42,6 +42,13 @@ class System:
     self.proc_mode = cfg.processing_mode
     self.networks = Networks(cfg.networks)
     self.datatype = None
+    #: Fixed overheads (s) of the system file's ``overhead``; None without
+    #: (the engine then adds nothing: Calculon).
+    overhead = cfg.overhead
+    self.overhead_per_step_s = None if overhead is None else \
+      overhead.per_step_s
+    self.overhead_per_microbatch_s = None if overhead is None else \
+      overhead.per_microbatch_s
 
   @staticmethod
   def supported_datatypes():
