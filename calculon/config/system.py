@@ -206,13 +206,17 @@ class SystemConfig:
   processing_mode: str
   networks: tuple
   overhead: object = None
+  fused_attention_efficiency: object = None
 
   @classmethod
   def from_dict(cls, cfg, source='<system>'):
     """Reads and validates a system.
 
     Optional ``overhead``: {"per_step_s": s, "per_microbatch_s": s}
-    (:class:`OverheadConfig`).
+    (:class:`OverheadConfig`).  Optional ``fused_attention_efficiency``
+    (0, 1]: the share of the matrix engine's GEMM efficiency a fused
+    attention kernel (FlashAttention) reaches at the same FLOP count
+    (absent: 1, priced as a GEMM).
 
     Raises:
       ConfigError: any field missing, unknown, or out of range; a datatype
@@ -232,6 +236,9 @@ class SystemConfig:
                      for i, n in enumerate(nets))
     overhead = OverheadConfig.read(reader, 'overhead') \
       if 'overhead' in cfg else None
+    fused = reader.get('fused_attention_efficiency', Spec(
+      'number', lo=0, lo_open=True, hi=1)) \
+      if 'fused_attention_efficiency' in cfg else None
     reader.finish()
     if set(matrix.peak_flops) != set(vector.peak_flops):
       diff = sorted(set(matrix.peak_flops) ^ set(vector.peak_flops))
@@ -240,4 +247,5 @@ class SystemConfig:
         'given for both the matrix and the vector engine',
         source=source, field='matrix', value=diff[0],
         allowed='the same datatypes in matrix and vector')
-    return cls(matrix, vector, mem1, mem2, mode, networks, overhead)
+    return cls(matrix, vector, mem1, mem2, mode, networks, overhead,
+               None if fused is None else float(fused))

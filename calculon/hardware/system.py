@@ -49,6 +49,9 @@ class System:
       overhead.per_step_s
     self.overhead_per_microbatch_s = None if overhead is None else \
       overhead.per_microbatch_s
+    #: Share of the GEMM efficiency fused attention kernels reach (None:
+    #: the file does not say; priced as GEMMs).
+    self.fused_attention_efficiency = cfg.fused_attention_efficiency
 
   @staticmethod
   def supported_datatypes():

@@ -765,6 +765,18 @@ class FlashAttention(Layer):
     return (self.inputs + 2 * self.outputs + self.activation_grads +
             self.inputs) * self.bpe
 
+  def flops_time_s(self, stage):
+    """Compute time at the matrix engine's efficiency for the FLOP count,
+    divided by the system's ``fused_attention_efficiency`` when it has one:
+    fused attention does not reach GEMM efficiency (FlashAttention-2 runs
+    at about 35 % of an H100's peak where large GEMMs reach 70-80 %; Shah
+    et al. 2024, "FlashAttention-3", section 1 and figure 5; FA3: 75 %)."""
+    time = super().flops_time_s(stage)
+    eff = self.ctx.system.fused_attention_efficiency
+    if eff is None or stage == 'optim':
+      return time
+    return time / eff
+
 
 class EmbeddingLookup(Layer):
   """Vocabulary-parallel input embedding (Megatron-LM
