@@ -888,10 +888,29 @@ class ExpertComm(Layer):
 
   def ep_time_s(self):
     """Seconds of the operation on the link (forward; the backward mirror
-    takes the same)."""
+    takes the same).
+
+    An all-to-all whose group spans the nodes of tier ``tier`` (> 0) sends
+    to each peer directly (NCCL implements all-to-all as point-to-point
+    send/receive pairs, nccl-tests ``alltoall_perf``): the share bound for
+    peers on the same node (the q - 1 of p peers a node of tier ``tier -
+    1`` holds, the group's ranks being consecutive) stays on that node's
+    faster tier while the rest crosses the network, both at once; the time
+    is the slower of the two (DeepSeek-AI 2024, DeepSeek-V3 section 3.2.2,
+    dispatches over InfiniBand and NVLink concurrently)."""
     def compute():
       net = self.ctx.system.networks
-      t = net.time_s(self.op, self.ep_bytes(), self.peers, self.tier)
+      n, p, tier = self.ep_bytes(), self.peers, self.tier
+      t = net.time_s(self.op, n, p, tier)
+      if self.op == 'all_to_all' and np.any(np.asarray(tier) > 0):
+        below = np.maximum(np.asarray(tier) - 1, 0)
+        q = np.minimum(p, net.size[below])
+        with np.errstate(divide='ignore', invalid='ignore'):
+          inter = net.time_s(self.op, n * (p - q) / np.maximum(p - 1, 1), p,
+                             tier)
+          intra = net.time_s(self.op, n * q / p, np.maximum(q, 1), below)
+        split = (np.asarray(tier) > 0) & (q > 1) & (q < p)
+        t = np.where(split, np.maximum(inter, intra), t)
       return where(self.peers > 1, t, 0.0)
     return self._memo(('ep', ), compute)
 
