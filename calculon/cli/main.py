@@ -27,8 +27,9 @@ def positive_int(arg):
 
 
 def _commands():
-  from calculon.cli import llm, search, validation, tools, sweep, plot, hf
-  return [llm, search, validation, tools, sweep, plot, hf]
+  from calculon.cli import (llm, search, validation, calibrate, tools, sweep,
+                            plot, hf)
+  return [llm, search, validation, calibrate, tools, sweep, plot, hf]
 
 
 def build_parser():

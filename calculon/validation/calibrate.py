@@ -58,6 +58,8 @@ PARAMETERS = {
   'matrix_narrow': 'scale of the float8/float4 matrix curves, on top of '
   'matrix',
   'vector': 'scale of the vector-engine and memory-tier-1 efficiency curves',
+  'attention': 'scale of the fused-attention efficiency '
+  '(fused_attention_efficiency, 1 when the file has none)',
   'net0': 'scale of network tier 0 efficiency',
   'net1': 'scale of network tier 1 efficiency',
   'per_step_s': 'fixed overhead per batch (s)',
@@ -65,8 +67,9 @@ PARAMETERS = {
 }
 #: Parameters tried when --params is not given (the undetermined ones are
 #: dropped, with a note).
-DEFAULT_PARAMETERS = ('matrix', 'matrix_narrow', 'vector', 'net0', 'net1',
-                      'per_microbatch_s')
+DEFAULT_PARAMETERS = ('matrix', 'matrix_narrow', 'per_microbatch_s',
+                      'per_step_s', 'net1',
+                      'net0', 'vector', 'attention')
 OVERHEADS = ('per_step_s', 'per_microbatch_s')
 #: Upper bounds of the overheads (s).
 OVERHEAD_BOUNDS = {'per_step_s': 60.0, 'per_microbatch_s': 1.0}
@@ -122,6 +125,8 @@ def parameter_bounds(cfg, name, theta=None):
                for d in cfg['vector'].values()] +
               [_max_eff(cfg['mem1']['MB_efficiency'])])
     return MIN_SCALE, 1.0 / top
+  if name == 'attention':
+    return MIN_SCALE, 1.0 / cfg.get('fused_attention_efficiency', 1.0)
   if name.startswith('net') and name[3:].isdigit():
     tier = int(name[3:])
     if tier >= len(cfg['networks']):
@@ -169,6 +174,10 @@ def apply(cfg, theta, note=None):
       d['gflops_efficiency'] = _scaled_curve(d['gflops_efficiency'], v)
     out['mem1']['MB_efficiency'] = _scaled_curve(out['mem1']['MB_efficiency'],
                                                  v)
+  a = theta.get('attention', 1.0)
+  if a != 1.0:
+    out['fused_attention_efficiency'] = _round(min(1.0, out.get(
+      'fused_attention_efficiency', 1.0) * a))
   for i, net in enumerate(out['networks']):
     s = theta.get(f'net{i}', 1.0)
     if s != 1.0:
@@ -296,6 +305,11 @@ class ScaledSystem(System):
     self.mem1 = _ScaledMemory(self.mem1, arr('vector', 1.0))
     self.networks = _ScaledNetworks(self.networks, [
       arr(f'net{i}', 1.0) for i in range(len(self.networks.tiers))])
+    base = cfg.get('fused_attention_efficiency')
+    scale = arr('attention', 1.0)
+    if base is not None or np.any(np.asarray(scale) != 1.0):
+      self.fused_attention_efficiency = np.minimum(
+        1.0, (1.0 if base is None else base) * scale)
     # Overheads are added outside the engine (they add exactly).
     self.overhead_per_step_s = None
     self.overhead_per_microbatch_s = None
@@ -309,7 +323,7 @@ def engine_parameters(cfg):
   names = ['matrix']
   if any(_narrow(k) for k in cfg['matrix']):
     names.append('matrix_narrow')
-  names.append('vector')
+  names += ['vector', 'attention']
   names += [f'net{i}' for i in range(len(cfg['networks']))]
   return names
 
@@ -758,7 +772,7 @@ def prepare(suite, progress=None, systems=None):
       base, case.system_set)
     try:
       run = linearize(case, cfg, prior_of(cfg), case.measured_s,
-                      case.system_name)
+                      case.cluster or case.system_name)
     except ConfigError:
       continue
     if run is None:
@@ -893,3 +907,162 @@ def format_cv(summary, title):
     '<=20% ': summary['after_within_20'].map(share),
     'bias ': summary['after_bias'].map(signed)})
   return f'{title}\n{show.to_string()}'
+
+
+# -- calibrating one system file ---------------------------------------------------------
+
+@dataclass
+class Calibration:
+  """Outcome of :func:`calibrate_system`: the selected runs (their ids),
+  the parameters fitted (:class:`Fit`), the notes on parameters left out,
+  the calibrated system JSON, the exact predictions before and after
+  (DataFrame), and the cross-validation frames (name -> DataFrame)."""
+  ids: list
+  fit: Fit
+  dropped: list
+  calibrated: dict
+  predictions: object
+  cv: dict
+  cluster: str
+
+
+def select_runs(suite, system_name, cluster=None, all_rows=False):
+  """Cases of ``suite`` that use ``system_name`` (their calibration cluster
+  equal to ``cluster``, default the system name), or every priced case
+  (``all_rows``)."""
+  cluster = cluster or system_name
+  out = []
+  for case in suite.cases:
+    if not case.expressible or case.measured_s is None:
+      continue
+    if all_rows or (case.cluster or case.system_name) == cluster:
+      out.append(case)
+  return out
+
+
+def calibrate_system(suite, cfg, cases, names=None, sigma=PRIOR_SIGMA,
+                     refine=2, cv=('source', 'run'), cluster='system',
+                     progress=None, note=None):
+  """Fits system JSON ``cfg`` to ``cases`` (mapped runs of a
+  :class:`~calculon.validation.published.Suite`).
+
+  Args:
+    names: parameters to fit (None: :func:`auto_parameters`); explicit
+      names that the runs do not determine are refused.
+    sigma: prior width of the scales (log); refine: re-linearizations.
+    cv: cross-validations to run ('source', 'run').
+    note: text added to the calibrated file's notes.
+
+  Returns:
+    :class:`Calibration`.
+
+  Raises:
+    ConfigError: no runs, a parameter unknown, or more parameters than the
+      runs determine.
+  """
+  import pandas as pd
+  from calculon.validation.mapping import apply_system_set
+  progress = progress or (lambda text_: None)
+  if not cases:
+    raise ConfigError('no measured run uses this system: map runs to it '
+                      '(their gpu_type, or a system column) or use '
+                      '--all-rows', field='runs')
+  # Field changes shared by every run (e.g. a memory size) become part of
+  # the calibrated file.
+  sets = {repr(sorted(c.system_set.items())) for c in cases}
+  common = dict(cases[0].system_set) if len(sets) == 1 else {}
+  base = apply_system_set(cfg, common) if common else copy.deepcopy(cfg)
+  runs = []
+  for case in cases:
+    row_cfg = apply_system_set(base, case.system_set)
+    try:
+      run = linearize(case, row_cfg, prior_of(row_cfg), case.measured_s,
+                      cluster)
+    except ConfigError as err:
+      progress(f'  {case.id}: not priced on this system ({err})')
+      continue
+    if run is not None:
+      runs.append(run)
+  if not runs:
+    raise ConfigError('no measured run can be priced on this system',
+                      field='runs')
+  prior = prior_of(base)
+  dropped = []
+  if names is None:
+    names, dropped = auto_parameters(runs, prior)
+    if not names:
+      raise ConfigError('the runs determine no parameter: ' + '; '.join(
+        dropped or ['too few runs']), field='params')
+  else:
+    names = check_parameters(base, names)
+    kept, reasons = determined(runs, names, prior)
+    if kept != list(names):
+      raise ConfigError(
+        f"--params {','.join(names)} is not allowed: the {len(runs)} run(s) "
+        'cannot determine them: ' + '; '.join(reasons) + ' (fit fewer '
+        'parameters, or give more runs)', field='params',
+        value=','.join(names))
+  result, runs = fit_refined(runs, names, prior, sigma, refine)
+  rows = []
+  step, mb = file_overheads(base)
+  for r in runs:
+    before, _ = exact_prediction(r.case, r.cfg, prior)
+    after, _ = exact_prediction(r.case, r.cfg, result.theta)
+    rows.append({'id': r.id, 'source': r.group, 'measured_s': r.measured_s,
+                 'before_s': before, 'after_s': after})
+  predictions = pd.DataFrame(rows)
+  predictions['delta_before_pct'] = 100 * (1 - predictions['before_s'] /
+                                           predictions['measured_s'])
+  predictions['delta_after_pct'] = 100 * (1 - predictions['after_s'] /
+                                          predictions['measured_s'])
+  frames = {}
+  prepared = Prepared(
+    runs=[linearize(r.case, r.cfg, prior_of(r.cfg), r.measured_s, cluster)
+          for r in runs],
+    before=dict(zip(predictions['id'], predictions['before_s'])))
+  for mode in cv:
+    if mode == 'source' and len({r.group for r in runs}) < 2:
+      progress('  one source: no leave-one-source-out cross-validation')
+      continue
+    frames[mode] = cross_validate(prepared, mode, names=None, sigma=sigma,
+                                  progress=progress)
+  text = note_text(result, len(runs), note)
+  calibrated = apply(base, {k: result.theta[k] for k in names}, note=text)
+  return Calibration(ids=[r.id for r in runs], fit=result, dropped=dropped,
+                     calibrated=calibrated, predictions=predictions,
+                     cv=frames, cluster=cluster)
+
+
+def note_text(result, runs, extra=None):
+  """The notes a calibrated file carries: what was fitted, to how many
+  runs, each value with its standard error."""
+  parts = [f'{k} = {_fmt(result.theta[k], k)} +/- '
+           f'{_fmt(result.stderr.get(k, float("nan")), k)}'
+           for k in result.names]
+  text = (f'Calibrated (calculon calibrate) on {runs} measured run(s): '
+          + '; '.join(parts) + '. Scales multiply the efficiencies of the '
+          'uncalibrated file (clamped to 1); overheads in seconds.')
+  return [text] + ([extra] if extra else [])
+
+
+def _fmt(value, name):
+  if value is None or value != value:
+    return 'nan'
+  return f'{value:.4g}' if is_scale(name) else f'{value:.4g} s'
+
+
+def format_fit(result, prior, dropped=()):
+  """Text table of a fit: parameter, prior, fitted value, standard error,
+  meaning; then the warnings and the parameters left out."""
+  lines = [f"{'parameter':<18} {'file':>10} {'fitted':>10} {'std err':>10}  "
+           'meaning']
+  for k in result.names:
+    lines.append(f'{k:<18} {_fmt(prior[k], k):>10} '
+                 f'{_fmt(result.theta[k], k):>10} '
+                 f'{_fmt(result.stderr.get(k), k):>10}  '
+                 f"{PARAMETERS.get(k, 'scale of network tier ' + k[3:])}")
+  for w in result.warnings:
+    lines.append(f'warning: {w}')
+  for d in dropped:
+    lines.append(f'not fitted: {d}')
+  return '\n'.join(lines)

@@ -231,7 +231,8 @@ def load(path):
   if defaults.get('flops_convention', 'model_full') not in FLOPS_CONVENTIONS:
     _fail(path, 'defaults.flops_convention', defaults.get('flops_convention'),
           'one of ' + ', '.join(FLOPS_CONVENTIONS))
-  hardware = _table(path, doc, 'hardware', ('system', 'set', 'unsupported'))
+  hardware = _table(path, doc, 'hardware', ('system', 'set', 'unsupported',
+                                            'cluster'))
   for i, entry in enumerate(hardware):
     if ('system' in entry) == ('unsupported' in entry):
       _fail(path, f'hardware[{i}]', entry.get('system'),

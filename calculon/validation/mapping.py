@@ -180,7 +180,7 @@ class Case:
     app: application JSON object.
     system_name: bundled system (file name without .json) or a path;
     system_set: field changes of the system for this row (dotted path ->
-      value).
+      value); cluster: its calibration unit (default: the system name).
     fixed: execution fields fixed (JSON values).
     axes: searched setting -> list of values (one value: fixed).
     flops_convention, flops_approximate: how a TFLOP/s or MFU figure is
@@ -197,6 +197,7 @@ class Case:
   app: dict = None
   system_name: str = None
   system_set: dict = field(default_factory=dict)
+  cluster: str = None
   fixed: dict = field(default_factory=dict)
   axes: dict = field(default_factory=dict)
   flops_convention: str = 'model_full'
@@ -315,6 +316,7 @@ class Mapper:
       case.missing.append(str(entry['unsupported']))
     else:
       case.system_name = entry['system']
+      case.cluster = entry.get('cluster')
       for path, value in (entry.get('set') or {}).items():
         case.system_set[path] = value
         case.assume(f'system.{path}', value, entry.get('why', 'hardware '

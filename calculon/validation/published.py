@@ -242,7 +242,7 @@ class Suite:
   def system(self, case, override=None, key=None):
     """The :class:`~calculon.hardware.System` of ``case`` (cached)."""
     from calculon.hardware import System
-    cache_key = (key, case.system_name, tuple(sorted(
+    cache_key = (key, case.system_name, repr(sorted(
       case.system_set.items())))
     if override is None and cache_key in self._systems:
       return self._systems[cache_key]
@@ -267,8 +267,10 @@ def run(base_dir, csv_paths=None, progress=None, conventions=None,
     csv_paths: runs file(s) (default: the bundled ones).
     progress: callable(str) told of each row (verbose output), or None.
     conventions: conventions file (default: the bundled one).
-    systems: optional dict system name -> JSON object replacing the
-      bundled file of that name (calibrated systems).
+    systems: optional dict calibration cluster (the system name unless
+      the hardware table names one) -> JSON object replacing the bundled
+      file for the rows of that cluster (calibrated systems; the rows'
+      field changes are applied on top).
 
   Returns:
     list of :class:`Result`, one per row, in file order.
@@ -289,9 +291,10 @@ def run_suite(suite, progress=None, systems=None):
     if not case.expressible:
       res = Result(case, 'not priced', reason='; '.join(case.missing))
     else:
-      override = (systems or {}).get(case.system_name)
-      system = suite.system(case, override, key='override' if override
-                            else None)
+      cluster = case.cluster or case.system_name
+      override = (systems or {}).get(cluster)
+      system = suite.system(case, override, key=f'override {cluster}'
+                            if override is not None else None)
       res = price(case, system)
     progress(f'  {case.id} {text(case.row.get("model_name"))}: {res.status}'
              + (f' ({res.tried} execution(s) priced)' if res.tried else ''))
