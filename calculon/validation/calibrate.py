@@ -83,8 +83,13 @@ AXIS_POINTS = (0.55, 0.7, 0.85, 1.0, 1.2, 1.45, 1.8, 2.4)
 TOP_CANDIDATES = 6
 #: Correlation beyond which a pair of parameters is warned about.
 CORRELATION_WARNING = 0.95
-#: Robust loss and its scale (log residuals: 0.1 is about 10 %).
-LOSS, F_SCALE = 'soft_l1', 0.1
+#: Expected error of one prediction (log units, ~10 %): the runs'
+#: residuals are divided by it, so a prior of width PRIOR_SIGMA weighs like
+#: (RESIDUAL_SIGMA / PRIOR_SIGMA)^2 of one fully sensitive run.
+RESIDUAL_SIGMA = 0.1
+#: Robust loss and its scale (in units of RESIDUAL_SIGMA): runs off by
+#: more than about 10 % count less than quadratically.
+LOSS, F_SCALE = 'cauchy', 1.0
 
 
 def is_scale(name):
@@ -497,7 +502,8 @@ def surrogate_time(run, theta):
 class Fit:
   """Result of :func:`fit`: parameters (name -> value), their standard
   errors and correlation matrix (same order as ``names``), the warnings,
-  the log residuals of the runs, and the number of runs."""
+  the log residuals log(predicted / measured) of the runs, and the number
+  of runs."""
   names: list
   theta: dict
   stderr: dict
@@ -516,8 +522,8 @@ def _theta(name, z, sigma_over):
   return math.exp(z) if is_scale(name) else z * sigma_over[name]
 
 
-#: Prior widths: log scale (0.5: a factor 1.65) and overheads (s).
-PRIOR_SIGMA = 0.5
+#: Prior widths: log scale (1.0: a factor e) and overheads (s).
+PRIOR_SIGMA = 1.0
 OVERHEAD_SIGMA = {'per_step_s': 2.0, 'per_microbatch_s': 0.05}
 
 
@@ -534,7 +540,7 @@ def determined(runs, names, prior, sigma=PRIOR_SIGMA):
   """(determined names, reasons of the others): a parameter is determined
   when some run's time changes by 1 % or more over a 10 % change of it, and
   the runs' Jacobian has full rank (no parameter is a combination of
-  others: singular value ratio above 1e-4); there must be more runs than
+  others: singular value ratio above 1e-3); there must be more runs than
   parameters."""
   if not names:
     return [], []
@@ -551,7 +557,7 @@ def determined(runs, names, prior, sigma=PRIOR_SIGMA):
       ok.append(j)
   if ok:
     sv = np.linalg.svd(jac[:, ok], compute_uv=False)
-    if len(sv) and sv[-1] < 1e-4 * sv[0]:
+    if len(sv) and sv[-1] < 1e-3 * sv[0]:
       reasons.append('the runs cannot separate ' + ', '.join(
         names[j] for j in ok) + ' (their Jacobian is rank deficient)')
       return [], reasons
@@ -568,7 +574,7 @@ def _data_jacobian(runs, names, theta):
   base = np.array([math.log(surrogate_time(r, theta)) for r in runs])
   jac = np.zeros((len(runs), len(names)))
   for j, name in enumerate(names):
-    step = 0.05 if is_scale(name) else OVERHEAD_SIGMA[name] * 0.1
+    step = 1e-3 if is_scale(name) else OVERHEAD_SIGMA[name] * 1e-3
     t = dict(theta)
     t[name] = theta.get(name, 1.0 if is_scale(name) else 0.0)
     t[name] = t[name] * math.exp(step) if is_scale(name) else t[name] + step
@@ -578,7 +584,8 @@ def _data_jacobian(runs, names, theta):
   return jac
 
 
-def fit(runs, names, prior, sigma=PRIOR_SIGMA, start=None):
+def fit(runs, names, prior, sigma=PRIOR_SIGMA, start=None,
+        group_weights=True):
   """Fits parameters ``names`` to ``runs`` (a list of :class:`Run`) by
   robust nonlinear least squares on their surrogates.
 
@@ -586,6 +593,9 @@ def fit(runs, names, prior, sigma=PRIOR_SIGMA, start=None):
     prior: name -> the prior value (also the value of the parameters not
       fitted); sigma: width of the scales' prior (log).
     start: starting values (default: the prior).
+    group_weights: weigh each source group (``Run.group``) by 1 /
+      sqrt(its runs), so that a source with many runs does not outvote
+      the others (runs of one source share hidden settings).
 
   Returns:
     :class:`Fit`.
@@ -597,6 +607,14 @@ def fit(runs, names, prior, sigma=PRIOR_SIGMA, start=None):
     theta0.update({k: v for k, v in start.items() if k in names})
   meas = np.array([math.log(r.measured_s) for r in runs])
   over = OVERHEAD_SIGMA
+  # Runs of one source share its hidden settings and software: each source
+  # group weighs as one run per sqrt(runs) (its runs' squared residuals
+  # average instead of adding up).
+  counts = {}
+  for r in runs:
+    counts[r.group] = counts.get(r.group, 0) + 1
+  weight = np.array([1.0 / math.sqrt(counts[r.group]) for r in runs]) \
+    if group_weights else np.ones(len(runs))
 
   def unpack(z):
     theta = dict(prior)
@@ -607,7 +625,7 @@ def fit(runs, names, prior, sigma=PRIOR_SIGMA, start=None):
   def residuals(z):
     theta = unpack(z)
     pred = np.array([surrogate_time(r, theta) for r in runs])
-    data = np.log(pred) - meas
+    data = weight * (np.log(pred) - meas) / RESIDUAL_SIGMA
     pri = []
     for name, v in zip(names, z):
       p = _z(name, prior[name], over)
@@ -634,20 +652,22 @@ def fit(runs, names, prior, sigma=PRIOR_SIGMA, start=None):
     for start_z in (z0, z1):
       res = least_squares(residuals, start_z, bounds=(z_lo, z_hi),
                           method='trf', loss=LOSS, f_scale=F_SCALE,
-                          diff_step=1e-4)
+                          diff_step=1e-4, ftol=1e-10, xtol=1e-10,
+                          gtol=1e-10)
       if best is None or res.cost < best.cost - 1e-12:
         best = res
     z = best.x
   theta = unpack(z)
-  data = residuals(z)[:len(runs)] if names else np.log(np.array(
-    [surrogate_time(r, theta) for r in runs])) - meas
+  data = np.log(np.array([surrogate_time(r, theta) for r in runs])) - meas
   stderr, corr, warnings = {}, np.eye(len(names)), []
   if names:
-    jac = _data_jacobian(runs, names, theta)
+    jac = weight[:, None] * _data_jacobian(runs, names, theta) / \
+      RESIDUAL_SIGMA
     m, n = jac.shape
     pri = np.diag([1.0 / (sigma if is_scale(k) else 1.0) for k in names])
     a = jac.T @ jac + pri.T @ pri
-    s2 = float(data @ data) / max(m - n, 1)
+    scaled = weight * data / RESIDUAL_SIGMA
+    s2 = float(scaled @ scaled) / max(m - n, 1)
     try:
       cov = np.linalg.inv(a) * max(s2, 1e-12)
     except np.linalg.LinAlgError:

@@ -42,8 +42,8 @@ FACT_COLUMNS = (
 #: Fact columns a file must have (the others may be absent: blank).
 REQUIRED_COLUMNS = ('source', 'model_name', 'num_gpus', 'gpu_type',
                     'seq_len', 'measured_metric_name', 'measured_value')
-#: Optional override columns (validation/build_published_runs.py wrote some
-#: of them; none is required): ``id`` (a name for the row), ``source_group``
+#: Optional override columns (none is required; the former per-source
+#: builder of validation/published_runs.csv wrote some of them): ``id`` (a name for the row), ``source_group``
 #: (cross-validation group; default the first word of ``source``),
 #: ``source_short`` (a label), ``system`` (a bundled system name or a JSON
 #: path), ``mlp``, ``block_layout``, ``assumptions`` (``key=value; ...``
@@ -77,8 +77,8 @@ FLOPS_CONVENTION_TEXT = {
 }
 
 #: Keys of the ``assumptions`` override column: settings (see
-#: :data:`calculon.validation.conventions.SETTINGS`) and the names
-#: validation/build_published_runs.py used.
+#: :data:`calculon.validation.conventions.SETTINGS`) and the older names
+#: (vp, micro_batch_size, recompute, seq_parallel, optimizer_sharding).
 ASSUMPTION_ALIASES = {
   'vp': 'pipeline_interleaving', 'micro_batch_size': 'microbatch_size',
   'recompute': 'activation_recompute', 'seq_parallel': 'seq_parallel',
