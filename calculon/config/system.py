@@ -207,6 +207,7 @@ class SystemConfig:
   networks: tuple
   overhead: object = None
   fused_attention_efficiency: object = None
+  grouped_gemm_efficiency: object = None
 
   @classmethod
   def from_dict(cls, cfg, source='<system>'):
@@ -216,7 +217,9 @@ class SystemConfig:
     (:class:`OverheadConfig`).  Optional ``fused_attention_efficiency``
     (0, 1]: the share of the matrix engine's GEMM efficiency a fused
     attention kernel (FlashAttention) reaches at the same FLOP count
-    (absent: 1, priced as a GEMM).
+    (absent: 1, priced as a GEMM).  Optional ``grouped_gemm_efficiency``
+    (0, 1]: the same for the grouped GEMMs of Mixture-of-Experts layers
+    (absent: 1).
 
     Raises:
       ConfigError: any field missing, unknown, or out of range; a datatype
@@ -239,6 +242,9 @@ class SystemConfig:
     fused = reader.get('fused_attention_efficiency', Spec(
       'number', lo=0, lo_open=True, hi=1)) \
       if 'fused_attention_efficiency' in cfg else None
+    grouped = reader.get('grouped_gemm_efficiency', Spec(
+      'number', lo=0, lo_open=True, hi=1)) \
+      if 'grouped_gemm_efficiency' in cfg else None
     reader.finish()
     if set(matrix.peak_flops) != set(vector.peak_flops):
       diff = sorted(set(matrix.peak_flops) ^ set(vector.peak_flops))
@@ -248,4 +254,5 @@ class SystemConfig:
         source=source, field='matrix', value=diff[0],
         allowed='the same datatypes in matrix and vector')
     return cls(matrix, vector, mem1, mem2, mode, networks, overhead,
-               None if fused is None else float(fused))
+               None if fused is None else float(fused),
+               None if grouped is None else float(grouped))

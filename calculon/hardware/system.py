@@ -52,6 +52,9 @@ class System:
     #: Share of the GEMM efficiency fused attention kernels reach (None:
     #: the file does not say; priced as GEMMs).
     self.fused_attention_efficiency = cfg.fused_attention_efficiency
+    #: Share of the GEMM efficiency the grouped expert GEMMs reach (None:
+    #: priced as one GEMM per expert).
+    self.grouped_gemm_efficiency = cfg.grouped_gemm_efficiency
 
   @staticmethod
   def supported_datatypes():

@@ -858,7 +858,13 @@ class GroupedLinear(Layer):
       each = self.flops(stage) / self.experts
       with np.errstate(divide='ignore', invalid='ignore'):
         t = self.ctx.system.matrix.time_s(self.dtype, each) * self.experts
-      return where(self.experts == 0, 0.0, np.nan_to_num(t))
+      t = where(self.experts == 0, 0.0, np.nan_to_num(t))
+      # A grouped GEMM of many small per-expert problems does not reach the
+      # efficiency of a dense GEMM of the same size (DeepSeek-AI DeepGEMM
+      # README: grouped FP8 GEMMs for MoE run below the dense ones); the
+      # system's grouped_gemm_efficiency says by how much (absent: 1).
+      eff = self.ctx.system.grouped_gemm_efficiency
+      return t if eff is None else t / eff
     return self._memo(('flops_time', stage), compute)
 
 
