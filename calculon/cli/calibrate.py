@@ -35,7 +35,7 @@ def add_parsers(sp):
                  help='calibrated system file to write')
   p.add_argument('--params', default='auto',
                  help='comma-separated parameters to fit (matrix, '
-                 'matrix_narrow, vector, attention, net0, net1, ..., '
+                 'matrix_narrow, vector, attention, moe, net0, net1, ..., '
                  'per_step_s, per_microbatch_s) or auto (default: those the '
                  'runs determine)')
   p.add_argument('--cv', choices=CV_CHOICES, default='both',
@@ -112,7 +112,10 @@ def run(args, log):
   cv = {'both': ('source', 'run'), 'none': ()}.get(args.cv, (args.cv,))
   command = 'calculon calibrate ' + ' '.join(
     list(args.runs) + [args.system, '-o', args.output, '--params',
-                       args.params])
+                       args.params] +
+    (['--cluster', args.cluster] if args.cluster else []) +
+    (['--all-rows'] if args.all_rows else []) +
+    (['--prior-sigma', str(args.prior_sigma)] if args.prior_sigma else []))
   result = C.calibrate_system(
     suite, cfg, cases, names,
     sigma=args.prior_sigma or C.PRIOR_SIGMA, refine=max(args.refine, 0),

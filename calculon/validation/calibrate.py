@@ -13,6 +13,9 @@ except the overheads, in seconds):
   (narrow-precision GEMMs reach a different share of their peak);
 * ``vector``: the vector engine's and memory tier 1's efficiency curves
   (element-wise, memory-bound work);
+* ``attention``, ``moe``: the optional ``fused_attention_efficiency`` and
+  ``grouped_gemm_efficiency`` (1 when absent): fused attention kernels and
+  grouped expert GEMMs reach a lower share of peak than dense GEMMs;
 * ``net0``, ``net1``, ...: network tier i's efficiency;
 * ``per_step_s``, ``per_microbatch_s``: the system's fixed overheads (the
   optional ``overhead`` field: host work the accelerators wait for).
@@ -60,6 +63,8 @@ PARAMETERS = {
   'vector': 'scale of the vector-engine and memory-tier-1 efficiency curves',
   'attention': 'scale of the fused-attention efficiency '
   '(fused_attention_efficiency, 1 when the file has none)',
+  'moe': 'scale of the grouped expert GEMM efficiency '
+  '(grouped_gemm_efficiency, 1 when the file has none)',
   'net0': 'scale of network tier 0 efficiency',
   'net1': 'scale of network tier 1 efficiency',
   'per_step_s': 'fixed overhead per batch (s)',
@@ -69,7 +74,7 @@ PARAMETERS = {
 #: dropped, with a note).
 DEFAULT_PARAMETERS = ('matrix', 'matrix_narrow', 'per_microbatch_s',
                       'per_step_s', 'net1',
-                      'net0', 'vector', 'attention')
+                      'moe', 'net0', 'vector', 'attention')
 OVERHEADS = ('per_step_s', 'per_microbatch_s')
 #: Upper bounds of the overheads (s).
 OVERHEAD_BOUNDS = {'per_step_s': 60.0, 'per_microbatch_s': 1.0}
@@ -90,6 +95,11 @@ RESIDUAL_SIGMA = 0.1
 #: Robust loss and its scale (in units of RESIDUAL_SIGMA): runs off by
 #: more than about 10 % count less than quadratically.
 LOSS, F_SCALE = 'cauchy', 1.0
+
+
+#: Parameters scaling an optional efficiency field of the system file.
+_EFFICIENCY_FIELDS = {'attention': 'fused_attention_efficiency',
+                      'moe': 'grouped_gemm_efficiency'}
 
 
 def is_scale(name):
@@ -130,8 +140,8 @@ def parameter_bounds(cfg, name, theta=None):
                for d in cfg['vector'].values()] +
               [_max_eff(cfg['mem1']['MB_efficiency'])])
     return MIN_SCALE, 1.0 / top
-  if name == 'attention':
-    return MIN_SCALE, 1.0 / cfg.get('fused_attention_efficiency', 1.0)
+  if name in _EFFICIENCY_FIELDS:
+    return MIN_SCALE, 1.0 / cfg.get(_EFFICIENCY_FIELDS[name], 1.0)
   if name.startswith('net') and name[3:].isdigit():
     tier = int(name[3:])
     if tier >= len(cfg['networks']):
@@ -179,10 +189,10 @@ def apply(cfg, theta, note=None):
       d['gflops_efficiency'] = _scaled_curve(d['gflops_efficiency'], v)
     out['mem1']['MB_efficiency'] = _scaled_curve(out['mem1']['MB_efficiency'],
                                                  v)
-  a = theta.get('attention', 1.0)
-  if a != 1.0:
-    out['fused_attention_efficiency'] = _round(min(1.0, out.get(
-      'fused_attention_efficiency', 1.0) * a))
+  for name, key in _EFFICIENCY_FIELDS.items():
+    a = theta.get(name, 1.0)
+    if a != 1.0:
+      out[key] = _round(min(1.0, out.get(key, 1.0) * a))
   for i, net in enumerate(out['networks']):
     s = theta.get(f'net{i}', 1.0)
     if s != 1.0:
@@ -310,11 +320,12 @@ class ScaledSystem(System):
     self.mem1 = _ScaledMemory(self.mem1, arr('vector', 1.0))
     self.networks = _ScaledNetworks(self.networks, [
       arr(f'net{i}', 1.0) for i in range(len(self.networks.tiers))])
-    base = cfg.get('fused_attention_efficiency')
-    scale = arr('attention', 1.0)
-    if base is not None or np.any(np.asarray(scale) != 1.0):
-      self.fused_attention_efficiency = np.minimum(
-        1.0, (1.0 if base is None else base) * scale)
+    for name, key in _EFFICIENCY_FIELDS.items():
+      base = cfg.get(key)
+      scale = arr(name, 1.0)
+      if base is not None or np.any(np.asarray(scale) != 1.0):
+        setattr(self, key, np.minimum(1.0, (1.0 if base is None else base)
+                                      * scale))
     # Overheads are added outside the engine (they add exactly).
     self.overhead_per_step_s = None
     self.overhead_per_microbatch_s = None
@@ -328,7 +339,7 @@ def engine_parameters(cfg):
   names = ['matrix']
   if any(_narrow(k) for k in cfg['matrix']):
     names.append('matrix_narrow')
-  names += ['vector', 'attention']
+  names += ['vector', 'attention', 'moe']
   names += [f'net{i}' for i in range(len(cfg['networks']))]
   return names
 
@@ -574,7 +585,10 @@ def _data_jacobian(runs, names, theta):
   base = np.array([math.log(surrogate_time(r, theta)) for r in runs])
   jac = np.zeros((len(runs), len(names)))
   for j, name in enumerate(names):
-    step = 1e-3 if is_scale(name) else OVERHEAD_SIGMA[name] * 1e-3
+    # Scales step down: an efficiency of 1 (a file without
+    # fused_attention_efficiency...) cannot go up, so the other side is
+    # flat.
+    step = -1e-3 if is_scale(name) else OVERHEAD_SIGMA[name] * 1e-3
     t = dict(theta)
     t[name] = theta.get(name, 1.0 if is_scale(name) else 0.0)
     t[name] = t[name] * math.exp(step) if is_scale(name) else t[name] + step
@@ -683,6 +697,19 @@ def fit(runs, names, prior, sigma=PRIOR_SIGMA, start=None,
     for j, name in enumerate(names):
       stderr[name] = theta[name] * sd[j] if is_scale(name) else \
         sd[j] * over[name]
+    for j, name in enumerate(names):
+      low, high = lo[j], hi[j]
+      at_high = theta[name] >= high * (1 - 1e-4)
+      at_low = theta[name] <= low * (1 + 1e-4) + (0 if is_scale(name)
+                                                   else 1e-6)
+      if at_high or at_low:
+        want = ('more than the file can express (an efficiency of 1, or the '
+                'overhead limit)') if at_high else (
+          'less (a negative overhead)' if not is_scale(name) else
+          'a lower efficiency than the bound')
+        warnings.append(f'{name} stopped at its bound ({theta[name]:.4g}): '
+                        f'the runs ask for {want}; its standard error does '
+                        'not hold')
     for i in range(n):
       for j in range(i + 1, n):
         if abs(corr[i, j]) > CORRELATION_WARNING:
@@ -710,13 +737,24 @@ def available(runs, names):
   return out
 
 
+#: Runs per parameter the automatic choice asks for.
+RUNS_PER_PARAMETER = 3
+
+
 def auto_parameters(runs, prior, candidates=DEFAULT_PARAMETERS):
   """The parameters of ``candidates`` the runs determine (see
-  :func:`determined`), keeping at most len(runs) - 1 of them in the order
-  given; (names, notes on those dropped)."""
+  :func:`determined`), keeping at most one per :data:`RUNS_PER_PARAMETER`
+  runs, in the order given; (names, notes on those dropped)."""
   names = available(runs, candidates)
-  names = names[:max(len(runs) - 1, 0)]
   notes = []
+  limit = len(runs) // RUNS_PER_PARAMETER
+  if len(names) > limit:
+    chosen = _pursuit(runs, names, prior, limit)
+    left = [n for n in names if n not in chosen]
+    notes.append(f"{', '.join(left)}: left out, {len(runs)} runs fit at most "
+                 f'{limit} parameter(s) ({RUNS_PER_PARAMETER} runs each); '
+                 'chosen by how much of the error each explains')
+    names = chosen
   while names:
     kept, reasons = determined(runs, names, prior)
     if kept == names:
@@ -724,6 +762,41 @@ def auto_parameters(runs, prior, candidates=DEFAULT_PARAMETERS):
     notes += reasons
     names = kept if kept and kept != names else names[:-1]
   return [], notes
+
+
+def _pursuit(runs, names, prior, limit):
+  """Up to ``limit`` of ``names`` chosen by orthogonal matching pursuit on
+  the runs linearized at the prior (Pati et al. 1993): each step adds the
+  parameter whose Jacobian column, with those already chosen, removes the
+  most of the (source-weighted) log errors; it stops when a step removes
+  less than 1 % of them."""
+  if limit <= 0:
+    return []
+  counts = {}
+  for r in runs:
+    counts[r.group] = counts.get(r.group, 0) + 1
+  w = np.array([1.0 / math.sqrt(counts[r.group]) for r in runs])
+  resid = w * np.array([math.log(surrogate_time(r, prior) / r.measured_s)
+                        for r in runs])
+  jac = w[:, None] * _data_jacobian(runs, names, prior)
+  total = float(resid @ resid)
+  chosen, left = [], resid
+  while len(chosen) < limit:
+    best, best_left = None, None
+    for j, name in enumerate(names):
+      if name in chosen or not np.any(jac[:, j]):
+        continue
+      cols = jac[:, [names.index(c) for c in chosen] + [j]]
+      coef, *_ = np.linalg.lstsq(cols, resid, rcond=None)
+      rest = resid - cols @ coef
+      if best is None or rest @ rest < best_left @ best_left:
+        best, best_left = name, rest
+    if best is None or float(left @ left - best_left @ best_left) < \
+        0.01 * total:
+      break
+    chosen.append(best)
+    left = best_left
+  return [n for n in names if n in chosen]
 
 
 def prior_of(cfg, names=()):
@@ -988,9 +1061,10 @@ def calibrate_system(suite, cfg, cases, names=None, sigma=PRIOR_SIGMA,
                       '(their gpu_type, or a system column) or use '
                       '--all-rows', field='runs')
   # Field changes shared by every run (e.g. a memory size) become part of
-  # the calibrated file.
-  sets = {repr(sorted(c.system_set.items())) for c in cases}
-  common = dict(cases[0].system_set) if len(sets) == 1 else {}
+  # the calibrated file; the others stay with their runs.
+  common = {k: v for k, v in cases[0].system_set.items()
+            if all(k in c.system_set and c.system_set[k] == v
+                   for c in cases)}
   base = apply_system_set(cfg, common) if common else copy.deepcopy(cfg)
   runs = []
   for case in cases:
@@ -1047,6 +1121,10 @@ def calibrate_system(suite, cfg, cases, names=None, sigma=PRIOR_SIGMA,
     frames[mode] = cross_validate(prepared, mode, names=None, sigma=sigma,
                                   progress=progress)
   text = note_text(result, len(runs), note)
+  if common:
+    text.append('Field changes of the hardware table shared by every run '
+                'written in: ' + '; '.join(f'{k} = {v}' for k, v in
+                                           common.items()) + '.')
   calibrated = apply(base, {k: result.theta[k] for k in names}, note=text)
   return Calibration(ids=[r.id for r in runs], fit=result, dropped=dropped,
                      calibrated=calibrated, predictions=predictions,
