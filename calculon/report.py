@@ -31,6 +31,7 @@ TIME_PARTS = (
   ('FSDP communication (exposed)', 'fsdp_comm_exposed_time'),
   ('EP dispatch/combine (exposed)', 'ep_comm_exposed_time'),
   ('embedding, LM head and loss', 'embedding_lm_head_time'),
+  ('fixed overhead', 'overhead_time'),
 )
 #: (label, extra-statistic prefix) of the memory kinds.
 MEMORY_KINDS = (

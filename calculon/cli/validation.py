@@ -5,9 +5,14 @@ Suites (``--suite``):
 * ``seqsel`` (default) -- Korthikanti et al. 2022, Figure 1, Figure 7 and
   Table 5 (:mod:`calculon.validation.seqsel`); exit status 1 when a table
   exceeds its threshold.
-* ``published`` -- every expressible row of validation/published_runs.csv
-  (:mod:`calculon.validation.published`): a table, a summary and the rows
-  the model cannot express; exit status 0.
+* ``published`` -- every row of the measured-runs files (default: both
+  bundled ones, validation/published_runs.csv and
+  validation/published_runs_2024_2026.csv; ``--runs`` any CSV in their
+  columns), mapped by the conventions of validation/conventions.yaml
+  (:mod:`calculon.validation.published`): a table with the range the
+  unknown settings span, a summary, per source, and the rows not priced
+  with the reason; exit status 0.  ``--calibrated`` prices each row on
+  ``systems/CLUSTER_calibrated.json`` where one exists.
 * ``all`` -- both.
 
 ``--plot DIR`` writes PNG charts, ``--out DIR`` the tables as CSV (and the
@@ -41,9 +46,17 @@ def add_parsers(sp):
   p.add_argument('-b', '--base-dir', default=None,
                  help='folder with models/, systems/ and validation/ '
                  '(default: this checkout)')
-  p.add_argument('--runs', metavar='CSV', default=None,
-                 help='published runs file (default: '
-                 'BASE_DIR/validation/published_runs.csv)')
+  p.add_argument('--runs', metavar='CSV', nargs='+', default=None,
+                 help='measured-runs file(s) in the columns of '
+                 'validation/published_runs.csv (default: '
+                 'BASE_DIR/validation/published_runs.csv and '
+                 'published_runs_2024_2026.csv)')
+  p.add_argument('--conventions', metavar='YAML', default=None,
+                 help='conventions mapping a row onto the model (default: '
+                 'BASE_DIR/validation/conventions.yaml)')
+  p.add_argument('--calibrated', action='store_true',
+                 help='price each row on systems/CLUSTER_calibrated.json '
+                 'where it exists (see calculon calibrate)')
   p.set_defaults(func=run)
 
 
@@ -76,10 +89,34 @@ def _seqsel(args, log, base_dir, say):
   return EXIT_THRESHOLD if failed else EXIT_OK
 
 
+def calibrated_systems(base_dir, suite):
+  """cluster -> calibrated system JSON for the clusters of ``suite``
+  with a ``systems/CLUSTER_calibrated.json``."""
+  from calculon.io import read_json_file
+  out = {}
+  for case in suite.cases:
+    cluster = case.cluster or case.system_name
+    if not cluster or cluster in out:
+      continue
+    path = os.path.join(base_dir, 'systems', f'{cluster}_calibrated.json')
+    if os.path.exists(path):
+      out[cluster] = read_json_file(path)
+  return out
+
+
 def _published(args, log, base_dir, say):
   from calculon.validation import published
   log.info('Published training runs: predicted vs measured batch time')
-  results = published.run(base_dir, args.runs, progress=say)
+  suite = published.Suite(base_dir, args.runs, args.conventions)
+  ignored = published.ignored_columns(suite.frame)
+  if ignored:
+    log.info(f"(columns not read: {', '.join(ignored)})")
+  systems = None
+  if args.calibrated:
+    systems = calibrated_systems(base_dir, suite)
+    log.info('Calibrated systems: ' + (', '.join(
+      f'systems/{k}_calibrated.json' for k in systems) or 'none found'))
+  results = published.run_suite(suite, progress=say, systems=systems)
   frame = published.results_frame(results)
   log.info(published.format_report(frame, verbose=args.verbose))
   if args.out:

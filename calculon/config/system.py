@@ -171,18 +171,55 @@ class NetworkConfig:
 
 
 @dataclass(frozen=True)
+class OverheadConfig:
+  """Fixed costs of a training step the layers do not account for: host
+  work (kernel launches, Python, the data loader, logging, the gradient-norm
+  and loss reductions) that the accelerators wait for.  Both in seconds:
+  ``per_step_s`` once per batch, ``per_microbatch_s`` once per microbatch
+  of a data-parallel replica (its forward and backward schedule).  Absent:
+  0 (Calculon).  Usually fitted by ``calculon calibrate``.
+  """
+  per_step_s: float = 0.0
+  per_microbatch_s: float = 0.0
+
+  @classmethod
+  def read(cls, reader, name):
+    sub = Reader(reader.get(name, Spec('dict')), reader.source,
+                 reader.field_path(name))
+    values = {}
+    for key in ('per_step_s', 'per_microbatch_s'):
+      if key in sub.obj:
+        values[key] = float(sub.get(key, Spec('number', lo=0)))
+    sub.finish()
+    return cls(**values)
+
+
+@dataclass(frozen=True)
 class SystemConfig:
-  """A whole system: matrix and vector engines, two memory tiers, networks."""
+  """A whole system: matrix and vector engines, two memory tiers, networks,
+  and (optional) fixed overheads (:class:`OverheadConfig`; None when the
+  file has no ``overhead``)."""
   matrix: ProcessorConfig
   vector: ProcessorConfig
   mem1: MemoryConfig
   mem2: MemoryConfig
   processing_mode: str
   networks: tuple
+  overhead: object = None
+  fused_attention_efficiency: object = None
+  grouped_gemm_efficiency: object = None
 
   @classmethod
   def from_dict(cls, cfg, source='<system>'):
     """Reads and validates a system.
+
+    Optional ``overhead``: {"per_step_s": s, "per_microbatch_s": s}
+    (:class:`OverheadConfig`).  Optional ``fused_attention_efficiency``
+    (0, 1]: the share of the matrix engine's GEMM efficiency a fused
+    attention kernel (FlashAttention) reaches at the same FLOP count
+    (absent: 1, priced as a GEMM).  Optional ``grouped_gemm_efficiency``
+    (0, 1]: the same for the grouped GEMMs of Mixture-of-Experts layers
+    (absent: 1).
 
     Raises:
       ConfigError: any field missing, unknown, or out of range; a datatype
@@ -200,6 +237,14 @@ class SystemConfig:
       reader.fail('networks', nets, 'a non-empty list of network tiers')
     networks = tuple(NetworkConfig.read(n, source, f'networks[{i}]')
                      for i, n in enumerate(nets))
+    overhead = OverheadConfig.read(reader, 'overhead') \
+      if 'overhead' in cfg else None
+    fused = reader.get('fused_attention_efficiency', Spec(
+      'number', lo=0, lo_open=True, hi=1)) \
+      if 'fused_attention_efficiency' in cfg else None
+    grouped = reader.get('grouped_gemm_efficiency', Spec(
+      'number', lo=0, lo_open=True, hi=1)) \
+      if 'grouped_gemm_efficiency' in cfg else None
     reader.finish()
     if set(matrix.peak_flops) != set(vector.peak_flops):
       diff = sorted(set(matrix.peak_flops) ^ set(vector.peak_flops))
@@ -208,4 +253,6 @@ class SystemConfig:
         'given for both the matrix and the vector engine',
         source=source, field='matrix', value=diff[0],
         allowed='the same datatypes in matrix and vector')
-    return cls(matrix, vector, mem1, mem2, mode, networks)
+    return cls(matrix, vector, mem1, mem2, mode, networks, overhead,
+               None if fused is None else float(fused),
+               None if grouped is None else float(grouped))

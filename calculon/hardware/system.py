@@ -42,6 +42,19 @@ class System:
     self.proc_mode = cfg.processing_mode
     self.networks = Networks(cfg.networks)
     self.datatype = None
+    #: Fixed overheads (s) of the system file's ``overhead``; None without
+    #: (the engine then adds nothing: Calculon).
+    overhead = cfg.overhead
+    self.overhead_per_step_s = None if overhead is None else \
+      overhead.per_step_s
+    self.overhead_per_microbatch_s = None if overhead is None else \
+      overhead.per_microbatch_s
+    #: Share of the GEMM efficiency fused attention kernels reach (None:
+    #: the file does not say; priced as GEMMs).
+    self.fused_attention_efficiency = cfg.fused_attention_efficiency
+    #: Share of the GEMM efficiency the grouped expert GEMMs reach (None:
+    #: priced as one GEMM per expert).
+    self.grouped_gemm_efficiency = cfg.grouped_gemm_efficiency
 
   @staticmethod
   def supported_datatypes():

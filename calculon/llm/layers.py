@@ -765,6 +765,18 @@ class FlashAttention(Layer):
     return (self.inputs + 2 * self.outputs + self.activation_grads +
             self.inputs) * self.bpe
 
+  def flops_time_s(self, stage):
+    """Compute time at the matrix engine's efficiency for the FLOP count,
+    divided by the system's ``fused_attention_efficiency`` when it has one:
+    fused attention does not reach GEMM efficiency (FlashAttention-2 runs
+    at about 35 % of an H100's peak where large GEMMs reach 70-80 %; Shah
+    et al. 2024, "FlashAttention-3", section 1 and figure 5; FA3: 75 %)."""
+    time = super().flops_time_s(stage)
+    eff = self.ctx.system.fused_attention_efficiency
+    if eff is None or stage == 'optim':
+      return time
+    return time / eff
+
 
 class EmbeddingLookup(Layer):
   """Vocabulary-parallel input embedding (Megatron-LM
@@ -846,7 +858,13 @@ class GroupedLinear(Layer):
       each = self.flops(stage) / self.experts
       with np.errstate(divide='ignore', invalid='ignore'):
         t = self.ctx.system.matrix.time_s(self.dtype, each) * self.experts
-      return where(self.experts == 0, 0.0, np.nan_to_num(t))
+      t = where(self.experts == 0, 0.0, np.nan_to_num(t))
+      # A grouped GEMM of many small per-expert problems does not reach the
+      # efficiency of a dense GEMM of the same size (DeepSeek-AI DeepGEMM
+      # README: grouped FP8 GEMMs for MoE run below the dense ones); the
+      # system's grouped_gemm_efficiency says by how much (absent: 1).
+      eff = self.ctx.system.grouped_gemm_efficiency
+      return t if eff is None else t / eff
     return self._memo(('flops_time', stage), compute)
 
 
@@ -876,10 +894,29 @@ class ExpertComm(Layer):
 
   def ep_time_s(self):
     """Seconds of the operation on the link (forward; the backward mirror
-    takes the same)."""
+    takes the same).
+
+    An all-to-all whose group spans the nodes of tier ``tier`` (> 0) sends
+    to each peer directly (NCCL implements all-to-all as point-to-point
+    send/receive pairs, nccl-tests ``alltoall_perf``): the share bound for
+    peers on the same node (the q - 1 of p peers a node of tier ``tier -
+    1`` holds, the group's ranks being consecutive) stays on that node's
+    faster tier while the rest crosses the network, both at once; the time
+    is the slower of the two (DeepSeek-AI 2024, DeepSeek-V3 section 3.2.2,
+    dispatches over InfiniBand and NVLink concurrently)."""
     def compute():
       net = self.ctx.system.networks
-      t = net.time_s(self.op, self.ep_bytes(), self.peers, self.tier)
+      n, p, tier = self.ep_bytes(), self.peers, self.tier
+      t = net.time_s(self.op, n, p, tier)
+      if self.op == 'all_to_all' and np.any(np.asarray(tier) > 0):
+        below = np.maximum(np.asarray(tier) - 1, 0)
+        q = np.minimum(p, net.size[below])
+        with np.errstate(divide='ignore', invalid='ignore'):
+          inter = net.time_s(self.op, n * (p - q) / np.maximum(p - 1, 1), p,
+                             tier)
+          intra = net.time_s(self.op, n * q / p, np.maximum(q, 1), below)
+        split = (np.asarray(tier) > 0) & (q > 1) & (q < p)
+        t = np.where(split, np.maximum(inter, intra), t)
       return where(self.peers > 1, t, 0.0)
     return self._memo(('ep', ), compute)
 

@@ -1255,8 +1255,9 @@ class Evaluation:
 
   @cached_property
   def modern_time_s(self):
-    """Time beyond Calculon's terms: exposed CP ring and FSDP traffic, and
-    the embedding, LM head and loss (0 for Calculon's executions)."""
+    """Time beyond Calculon's terms: exposed CP ring and FSDP traffic, the
+    embedding, LM head and loss, exposed expert-parallel traffic and the
+    system's fixed overheads (0 for Calculon's executions and systems)."""
     extra = 0.0
     if np.any(self.cp > 1):
       extra = extra + self.cp_comm_exposed_time_s
@@ -1266,7 +1267,20 @@ class Evaluation:
       extra = extra + self.vocab_extra_time_s
     if self.app.is_moe:
       extra = extra + self.ep_comm_exposed_time_s
+    if self.system.overhead_per_step_s is not None:
+      extra = extra + self.overhead_time_s
     return extra
+
+  @cached_property
+  def overhead_time_s(self):
+    """Fixed overheads of the system file (``overhead``: host work the
+    accelerators wait for), whole batch: ``per_step_s`` plus
+    ``per_microbatch_s`` x the microbatches of a replica.  0 when the file
+    has none (Calculon)."""
+    step = self.system.overhead_per_step_s
+    if step is None:
+      return 0.0
+    return step + self.num_microbatches * self.system.overhead_per_microbatch_s
 
   @cached_property
   def sample_rate(self):

@@ -1,0 +1,265 @@
+"""The conventions that map a measured run onto the model, as data.
+
+``validation/conventions.yaml`` (documented in that file and in
+docs/accuracy.md) holds every default and rule used to turn a row of a
+measured-runs CSV into an application, an execution and a system: the
+hardware table, the datatype and recomputation tables, the model families,
+the rules implied by a source, framework or era, and the approximations
+that notes may name.  This module only reads and checks it; no source has
+code of its own.
+
+Patterns are Python regular expressions matched case-insensitively with
+``re.search``.
+"""
+
+from dataclasses import dataclass, field
+import os
+import re
+
+from calculon.config.execution import (
+  ATTENTION_KERNEL_NAMES, DATATYPE_NAMES, DISPATCHER_NAMES,
+  MOE_OVERLAP_NAMES, PRECISION_RECIPE_NAMES, RECOMPUTE_NAMES,
+  SHARDING_NAMES, TP_COMM_NAMES, TP_OVERLAP_NAMES)
+from calculon.config.application import OPTIONAL as APP_OPTIONAL
+from calculon.errors import ConfigError
+
+#: FLOP conventions of a measured TFLOP/s or MFU figure (see
+#: :func:`calculon.validation.mapping.convention_flops`).
+FLOPS_CONVENTIONS = ('model_full', 'model_causal', 'megatron_eq3')
+
+#: Settings a rule may fix (or restrict to a list searched): execution
+#: fields and their allowed values (None: a positive integer; 'number': a
+#: number >= 1; 'bool': true/false).
+SETTINGS = {
+  'microbatch_size': None,
+  'pipeline_interleaving': None,
+  'activation_recompute': RECOMPUTE_NAMES,
+  'tensor_par_comm_type': TP_COMM_NAMES,
+  'tensor_par_overlap': TP_OVERLAP_NAMES,
+  'data_par_overlap': 'bool',
+  'data_par_sharding': SHARDING_NAMES,
+  'attention_kernel': ATTENTION_KERNEL_NAMES,
+  'fused_activation': 'bool',
+  'precision_recipe': PRECISION_RECIPE_NAMES,
+  'moe_dispatcher': DISPATCHER_NAMES,
+  'moe_comm_overlap': MOE_OVERLAP_NAMES,
+  'expert_imbalance': 'number',
+  'expert_tensor_par': None,
+  'flops_convention': FLOPS_CONVENTIONS,
+}
+#: CSV columns a pattern may look at.
+MATCH_COLUMNS = ('source', 'model_name', 'gpu_type', 'dtype', 'recompute',
+                 'seq_parallel', 'notes', 'measured_metric_name')
+
+
+def default_path(base_dir):
+  """``BASE_DIR/validation/conventions.yaml``."""
+  return os.path.join(base_dir, 'validation', 'conventions.yaml')
+
+
+@dataclass
+class Rule:
+  """One rule: its name, patterns (column -> compiled regex), settings,
+  reason; ``any``: one matching pattern suffices (else all)."""
+  name: str
+  match: dict
+  settings: dict
+  why: str
+  any: bool = False
+
+  def applies(self, row):
+    hits = [bool(p.search(_text(row.get(col)))) for col, p in
+            self.match.items()]
+    return any(hits) if self.any else all(hits)
+
+
+@dataclass
+class Conventions:
+  """The parsed conventions file (see the module docstring).
+
+  Attributes:
+    path: where it was read from.
+    defaults: dict of the ``defaults`` section.
+    hardware, datatypes, recompute, models: lists of dicts with a compiled
+      ``match`` pattern, in file order.
+    sp_yes, sp_no: patterns of the seq_parallel column.
+    rules: list of :class:`Rule`; approximations: list of (Rule, text).
+  """
+  path: str
+  defaults: dict
+  hardware: list
+  datatypes: list
+  recompute: list
+  models: list
+  sp_yes: object
+  sp_no: object
+  rules: list = field(default_factory=list)
+  approximations: list = field(default_factory=list)
+
+  def first(self, table, text):
+    """The first entry of ``table`` whose pattern matches ``text``."""
+    for entry in table:
+      if entry['match'].search(_text(text)):
+        return entry
+    return None
+
+
+def _text(value):
+  if value is None or (isinstance(value, float) and value != value):
+    return ''
+  return str(value)
+
+
+def _fail(path, where, value, allowed):
+  raise ConfigError(f'{path}: field {where!r} = {value!r} is not allowed: '
+                    f'{allowed}', source=path, field=where, value=value,
+                    allowed=allowed)
+
+
+def _regex(path, where, text):
+  if not isinstance(text, str) or not text:
+    _fail(path, where, text, 'a non-empty regular expression')
+  try:
+    return re.compile(text, re.IGNORECASE)
+  except re.error as err:
+    _fail(path, where, text, f'a valid regular expression ({err})')
+
+
+def _table(path, doc, name, keys):
+  raw = doc.get(name, [])
+  if not isinstance(raw, list):
+    _fail(path, name, raw, 'a list of entries')
+  out = []
+  for i, entry in enumerate(raw):
+    where = f'{name}[{i}]'
+    if not isinstance(entry, dict) or 'match' not in entry:
+      _fail(path, where, entry, "an object with a 'match' pattern")
+    unknown = sorted(set(entry) - set(keys) - {'match', 'why'})
+    if unknown:
+      _fail(path, f'{where}.{unknown[0]}', entry[unknown[0]],
+            'one of ' + ', '.join(sorted(set(keys) | {'match', 'why'})))
+    item = dict(entry)
+    item['match'] = _regex(path, f'{where}.match', entry['match'])
+    out.append(item)
+  return out
+
+
+def _check_setting(path, where, key, value):
+  if key not in SETTINGS:
+    _fail(path, where, key, 'a setting, one of ' + ', '.join(SETTINGS))
+  allowed = SETTINGS[key]
+  values = value if isinstance(value, list) else [value]
+  for v in values:
+    if allowed is None:
+      ok = isinstance(v, int) and not isinstance(v, bool) and v >= 1
+      text = 'an integer >= 1'
+    elif allowed == 'bool':
+      ok, text = isinstance(v, bool), 'true or false'
+    elif allowed == 'number':
+      ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 1
+      text = 'a number >= 1'
+    else:
+      ok, text = v in allowed, 'one of ' + ', '.join(allowed)
+    if not ok:
+      _fail(path, f'{where}.{key}', v, text)
+
+
+def _rules(path, doc, name, text_key=None):
+  raw = doc.get(name, [])
+  if not isinstance(raw, list):
+    _fail(path, name, raw, 'a list of rules')
+  out = []
+  for i, entry in enumerate(raw):
+    where = f'{name}[{i}]'
+    if not isinstance(entry, dict) or not isinstance(entry.get('match'),
+                                                     dict):
+      _fail(path, where, entry, "an object with a 'match' object of column "
+            'patterns')
+    allowed = {'name', 'match', 'set', 'why', 'any'} if text_key is None \
+      else {'match', 'text', 'any'}
+    unknown = sorted(set(entry) - allowed)
+    if unknown:
+      _fail(path, f'{where}.{unknown[0]}', entry[unknown[0]],
+            'one of ' + ', '.join(sorted(allowed)))
+    match = {}
+    for col, pattern in entry['match'].items():
+      if col not in MATCH_COLUMNS:
+        _fail(path, f'{where}.match', col, 'a column, one of ' +
+              ', '.join(MATCH_COLUMNS))
+      match[col] = _regex(path, f'{where}.match.{col}', pattern)
+    if text_key is None:
+      settings = entry.get('set', {})
+      if not isinstance(settings, dict):
+        _fail(path, f'{where}.set', settings, 'an object of settings')
+      for key, value in settings.items():
+        _check_setting(path, f'{where}.set', key, value)
+      out.append(Rule(str(entry.get('name', where)), match, dict(settings),
+                      str(entry.get('why', '')), bool(entry.get('any'))))
+    else:
+      out.append((Rule(where, match, {}, '', bool(entry.get('any'))),
+                  str(entry.get('text', ''))))
+  return out
+
+
+def load(path):
+  """Reads and checks a conventions file.
+
+  Raises:
+    ConfigError: the file is missing, not YAML, or an entry is malformed
+      (the message names the entry and what is allowed).
+  """
+  import yaml
+  from calculon.io import read_text_file
+  text = read_text_file(path, 'conventions file')
+  try:
+    doc = yaml.safe_load(text)
+  except yaml.YAMLError as err:
+    raise ConfigError(f'{path}: not valid YAML: {err}', source=path) from None
+  if not isinstance(doc, dict):
+    _fail(path, 'the top level', doc, 'a mapping')
+  defaults = doc.get('defaults', {})
+  if not isinstance(defaults, dict):
+    _fail(path, 'defaults', defaults, 'a mapping')
+  for key, kind in (('ffn_per_hidden', 'number'),
+                    ('gated_ffn_multiple_of', 'int')):
+    if key in defaults and not (isinstance(defaults[key], (int, float))
+                                and defaults[key] > 0):
+      _fail(path, f'defaults.{key}', defaults[key], 'a positive number')
+  if defaults.get('datatype', 'bfloat16') not in DATATYPE_NAMES:
+    _fail(path, 'defaults.datatype', defaults.get('datatype'),
+          'one of ' + ', '.join(DATATYPE_NAMES))
+  if defaults.get('flops_convention', 'model_full') not in FLOPS_CONVENTIONS:
+    _fail(path, 'defaults.flops_convention', defaults.get('flops_convention'),
+          'one of ' + ', '.join(FLOPS_CONVENTIONS))
+  hardware = _table(path, doc, 'hardware', ('system', 'set', 'unsupported',
+                                            'cluster'))
+  for i, entry in enumerate(hardware):
+    if ('system' in entry) == ('unsupported' in entry):
+      _fail(path, f'hardware[{i}]', entry.get('system'),
+            "exactly one of 'system' and 'unsupported'")
+  datatypes = _table(path, doc, 'datatypes', ('datatype', 'precision_recipe'))
+  for i, entry in enumerate(datatypes):
+    if entry.get('datatype') not in DATATYPE_NAMES:
+      _fail(path, f'datatypes[{i}].datatype', entry.get('datatype'),
+            'one of ' + ', '.join(DATATYPE_NAMES))
+  recompute = _table(path, doc, 'recompute', ('value', 'search',
+                                              'approximate'))
+  for i, entry in enumerate(recompute):
+    if not entry.get('search') and entry.get('value') not in RECOMPUTE_NAMES:
+      _fail(path, f'recompute[{i}].value', entry.get('value'),
+            'one of ' + ', '.join(RECOMPUTE_NAMES) + ' (or search: true)')
+  models = _table(path, doc, 'models', ('file', 'traits'))
+  for i, entry in enumerate(models):
+    for key in entry.get('traits', {}) or {}:
+      if key not in APP_OPTIONAL:
+        _fail(path, f'models[{i}].traits', key, 'an optional application '
+              'field, one of ' + ', '.join(APP_OPTIONAL))
+  sp = doc.get('seq_parallel', {}) or {}
+  return Conventions(
+    path=path, defaults=defaults, hardware=hardware, datatypes=datatypes,
+    recompute=recompute, models=models,
+    sp_yes=_regex(path, 'seq_parallel.enabled', sp.get('enabled', r'^\s*y')),
+    sp_no=_regex(path, 'seq_parallel.disabled', sp.get('disabled',
+                                                      r'^\s*n')),
+    rules=_rules(path, doc, 'rules'),
+    approximations=_rules(path, doc, 'approximations', text_key='text'))

@@ -1,0 +1,886 @@
+"""A measured run (one CSV row) mapped onto the model, by conventions.
+
+:func:`build_case` turns a row of a measured-runs CSV (the columns of
+``../shared/measurements/published_runs.csv``, see :data:`FACT_COLUMNS`)
+into a :class:`Case`: an application, a system, the execution settings the
+row fixes and those it leaves unknown (searched), and every assumption made
+on the way.  Nothing here knows a source: the defaults, the hardware table,
+the model families and the rules implied by a framework or an era are data
+(:mod:`calculon.validation.conventions`, ``validation/conventions.yaml``).
+
+Facts a row may write in its ``notes`` as ``key=value`` (any source, any
+order; documented in docs/accuracy.md): ``num_experts``, ``top_k``,
+``moe_ffn_hidden``, ``shared_experts``, ``shared_ffn``, ``dense_layers=first
+N``, ``moe_layer_freq``, ``capacity_factor``, ``ep``, ``etp`` (Mixture of
+Experts); ``q_lora_rank``, ``kv_lora_rank``, ``qk_head_dim``,
+``qk_rope_dim``, ``v_head_dim`` (multi-head latent attention);
+``head_dim`` or ``kv_channels`` (the attention head width when it is not
+hidden / heads).
+"""
+
+from dataclasses import dataclass, field
+import math
+import os
+import re
+
+import numpy as np
+
+from calculon.config.execution import (
+  ATTENTION_KERNEL_NAMES, DATATYPE_NAMES, DISPATCHER_NAMES, FIELDS,
+  MOE_OVERLAP_NAMES, PRECISION_RECIPE_NAMES, RECOMPUTE_FULL,
+  RECOMPUTE_NAMES, SHARDING_NAMES, TP_COMM_NAMES, TP_COMM_RS_AG,
+  TP_OVERLAP_NAMES)
+from calculon.errors import ConfigError
+from calculon.io import read_json_file
+
+#: Columns of the shared measurements file, in its order.
+FACT_COLUMNS = (
+  'source', 'model_name', 'num_layers', 'hidden', 'ffn_hidden', 'attn_heads',
+  'kv_heads', 'seq_len', 'vocab', 'num_gpus', 'gpu_type', 'tp', 'pp', 'dp',
+  'cp', 'vp', 'global_batch_size', 'micro_batch_size', 'recompute',
+  'seq_parallel', 'dtype', 'measured_metric_name', 'measured_value', 'notes')
+#: Fact columns a file must have (the others may be absent: blank).
+REQUIRED_COLUMNS = ('source', 'model_name', 'num_gpus', 'gpu_type',
+                    'seq_len', 'measured_metric_name', 'measured_value')
+#: Optional override columns (none is required; the former per-source
+#: builder of validation/published_runs.csv wrote some of them): ``id`` (a name for the row), ``source_group``
+#: (cross-validation group; default the first word of ``source``),
+#: ``source_short`` (a label), ``system`` (a bundled system name or a JSON
+#: path), ``mlp``, ``block_layout``, ``assumptions`` (``key=value; ...``
+#: settings, see :data:`ASSUMPTION_ALIASES`), ``unsupported`` (reasons the
+#: row cannot be priced).  ``assumptions_why`` is informational.
+OVERRIDE_COLUMNS = ('id', 'source_group', 'source_short', 'system', 'mlp',
+                    'block_layout', 'assumptions', 'assumptions_why',
+                    'unsupported')
+
+#: Measured metrics and how each becomes a time.
+CONVERSIONS = {
+  'iteration_time_s': 'batch time = the measured iteration time (s)',
+  'tokens_per_sec_per_gpu': 'batch time = B * s / (value * N) '
+  '(B global batch, s sequence, N GPUs)',
+  'tflops_per_gpu': 'batch time = F / (value * 1e12 * N), F the FLOP of one '
+  "batch in the source's convention (flops_convention)",
+  'mfu_pct': 'batch time = F / (value / 100 * peak * N), peak the system '
+  "file's matrix FLOP/s for the datatype",
+  'layer_fwd_plus_bwd_ms': 'time of one transformer layer, forward + '
+  'backward of one microbatch = value / 1000 (s); predicted with a 1-block '
+  'model: fw + bw + recompute + exposed TP communication',
+}
+#: FLOP conventions (the ``flops_convention`` setting).
+FLOPS_CONVENTION_TEXT = {
+  'model_full': 'model FLOP, whole attention matrix (PaLM appendix B 6N + '
+  '12LHQT; torchtitan)',
+  'model_causal': 'model FLOP, causal half of the attention matrix '
+  '(Megatron-LM num_floating_point_operations since 2025; NeMo)',
+  'megatron_eq3': 'Narayanan et al. 2021 eq. 3: model FLOP of the blocks x '
+  '4/3 (the recomputed forward pass) + the logits layer',
+}
+
+#: Keys of the ``assumptions`` override column: settings (see
+#: :data:`calculon.validation.conventions.SETTINGS`) and the older names
+#: (vp, micro_batch_size, recompute, seq_parallel, optimizer_sharding).
+ASSUMPTION_ALIASES = {
+  'vp': 'pipeline_interleaving', 'micro_batch_size': 'microbatch_size',
+  'recompute': 'activation_recompute', 'seq_parallel': 'seq_parallel',
+  'optimizer_sharding': 'data_par_sharding',
+}
+#: Settings searched when nothing fixes them, in the order of the grid axes.
+AXES = ('microbatch_size', 'pipeline_interleaving', 'activation_recompute',
+        'tensor_par_comm_type', 'tensor_par_overlap', 'data_par_overlap',
+        'data_par_sharding', 'attention_kernel', 'fused_activation',
+        'moe_comm_overlap')
+#: Categorical execution fields and their names.
+CATEGORIES = {
+  'datatype': DATATYPE_NAMES, 'activation_recompute': RECOMPUTE_NAMES,
+  'tensor_par_comm_type': TP_COMM_NAMES,
+  'tensor_par_overlap': TP_OVERLAP_NAMES,
+  'data_par_sharding': SHARDING_NAMES,
+  'attention_kernel': ATTENTION_KERNEL_NAMES,
+  'precision_recipe': PRECISION_RECIPE_NAMES,
+  'moe_dispatcher': DISPATCHER_NAMES, 'moe_comm_overlap': MOE_OVERLAP_NAMES,
+}
+#: The largest microbatch searched.
+MAX_MICROBATCH = 64
+#: Notes keys (see the module docstring) -> application / execution field.
+NOTES_KEYS = {
+  'num_experts': 'num_experts', 'top_k': 'top_k',
+  'moe_ffn_hidden': 'moe_ffn_hidden', 'shared_experts': 'shared_experts',
+  'shared_ffn': 'shared_expert_ffn_hidden', 'moe_layer_freq':
+  'moe_layer_freq', 'capacity_factor': 'capacity_factor',
+  'q_lora_rank': 'q_lora_rank', 'kv_lora_rank': 'kv_lora_rank',
+  'qk_head_dim': 'qk_nope_head_dim', 'qk_rope_dim': 'qk_rope_head_dim',
+  'v_head_dim': 'v_head_dim', 'ep': 'expert_par', 'etp': 'expert_tensor_par',
+}
+_NOTES_RE = re.compile(
+  r'\b(num_experts|top_k|moe_ffn_hidden|shared_experts|shared_ffn|'
+  r'moe_layer_freq|capacity_factor|q_lora_rank|kv_lora_rank|qk_head_dim|'
+  r'qk_rope_dim|v_head_dim|ep|etp|dense_layers|head_dim(?:\(kv_channels\))?|'
+  r'kv_channels)\s*=\s*(first\s+)?([0-9]+(?:\.[0-9]+)?)', re.IGNORECASE)
+
+
+def blank(value):
+  """True for None, NaN and empty strings."""
+  return value is None or (isinstance(value, float) and math.isnan(value)) \
+    or (isinstance(value, str) and not value.strip())
+
+
+def text(value):
+  """The cell as a stripped string ('' when blank)."""
+  return '' if blank(value) else str(value).strip()
+
+
+def number(value):
+  """The cell as an integer (None when blank or not a number)."""
+  if blank(value):
+    return None
+  try:
+    return int(round(float(str(value).strip())))
+  except ValueError:
+    return None
+
+
+def notes_facts(notes):
+  """dict of the ``key=value`` facts of a notes cell (see the module)."""
+  out = {}
+  for key, _, value in _NOTES_RE.findall(text(notes)):
+    key = key.lower()
+    if key.startswith('head_dim') or key == 'kv_channels':
+      key = 'head_dim'
+    num = float(value)
+    out.setdefault(key, num if key == 'capacity_factor' else int(num))
+  return out
+
+
+def source_group(row):
+  """Cross-validation group of a row: its ``source_group`` column, else the
+  first word of its source (the author or the repository)."""
+  given = text(row.get('source_group'))
+  if given:
+    return given
+  words = text(row.get('source')).split()
+  return words[0] if words else '(no source)'
+
+
+def group_slug(group):
+  """A short lowercase name of a group (ids): the part after the last '/'."""
+  slug = re.sub(r'[^a-z0-9]+', '-', group.split('/')[-1].lower()).strip('-')
+  return slug[:24] or 'run'
+
+
+@dataclass
+class Case:
+  """One measured run mapped onto the model.
+
+  Attributes:
+    row: the CSV row (dict of strings; blanks '').
+    id, group: a name and the cross-validation group.
+    missing: reasons the row cannot be priced (empty when it can).
+    assumptions: list of (setting, value, why) not stated by the columns.
+    approximations: texts of what the model prices differently.
+    app: application JSON object.
+    system_name: bundled system (file name without .json) or a path;
+    system_set: field changes of the system for this row (dotted path ->
+      value); cluster: its calibration unit (default: the system name).
+    fixed: execution fields fixed (JSON values).
+    axes: searched setting -> list of values (one value: fixed).
+    flops_convention, flops_approximate: how a TFLOP/s or MFU figure is
+      converted (approximate: the vocabulary or the convention is assumed).
+    measured_s: measured batch (or layer) time in seconds (set when the
+      system is known).
+  """
+  row: dict
+  id: str = ''
+  group: str = ''
+  missing: list = field(default_factory=list)
+  assumptions: list = field(default_factory=list)
+  approximations: list = field(default_factory=list)
+  app: dict = None
+  system_name: str = None
+  system_set: dict = field(default_factory=dict)
+  cluster: str = None
+  fixed: dict = field(default_factory=dict)
+  axes: dict = field(default_factory=dict)
+  flops_convention: str = 'model_full'
+  flops_approximate: bool = False
+  measured_s: float = None
+
+  @property
+  def metric(self):
+    return text(self.row.get('measured_metric_name'))
+
+  @property
+  def expressible(self):
+    return not self.missing
+
+  def assume(self, key, value, why):
+    self.assumptions.append((key, value, why))
+
+  def assumptions_text(self):
+    """``key=value; ...`` of the assumptions."""
+    return '; '.join(f'{k}={_show(v)}' for k, v, _ in self.assumptions)
+
+  def candidates(self):
+    """Number of executions searched."""
+    return int(np.prod([len(v) for v in self.axes.values()])) \
+      if self.axes else 0
+
+
+def _show(value):
+  if isinstance(value, list):
+    return '|'.join(_show(v) for v in value)
+  if isinstance(value, bool):
+    return 'true' if value else 'false'
+  return str(value)
+
+
+def _factors(x):
+  return [c for c in range(1, x + 1) if x % c == 0]
+
+
+def _load_model(base_dir, name, cache):
+  if name not in cache:
+    path = os.path.join(base_dir, 'models', f'{name}.json')
+    cfg = read_json_file(path)
+    cache[name] = {k: v for k, v in cfg.items()
+                   if k not in ('name', 'source', 'notes')}
+  return dict(cache[name])
+
+
+def _load_system(base_dir, name, cache):
+  if name not in cache:
+    path = name if name.endswith('.json') else os.path.join(
+      base_dir, 'systems', f'{name}.json')
+    cache[name] = read_json_file(path)
+  return cache[name]
+
+
+def apply_system_set(cfg, changes):
+  """A copy of system JSON ``cfg`` with dotted-path ``changes`` applied
+  (``mem1.GiB``, ``networks[0].size``...).
+
+  Raises:
+    ConfigError: a path that does not exist in ``cfg``.
+  """
+  import copy
+  out = copy.deepcopy(cfg)
+  for path, value in changes.items():
+    obj = out
+    parts = re.findall(r'[^.\[\]]+', path)
+    for i, part in enumerate(parts):
+      key = int(part) if part.isdigit() else part
+      last = i == len(parts) - 1
+      try:
+        if last:
+          obj[key]   # must exist
+          obj[key] = value
+        else:
+          obj = obj[key]
+      except (KeyError, IndexError, TypeError):
+        raise ConfigError(f"system field '{path}' is not allowed: it does not "
+                          'exist in the system file', field=path,
+                          value=value) from None
+  return out
+
+
+class Mapper:
+  """Maps rows onto the model with one set of conventions.
+
+  Args:
+    base_dir: folder with models/ and systems/.
+    conventions: a :class:`~calculon.validation.conventions.Conventions`.
+  """
+
+  def __init__(self, base_dir, conventions):
+    self.base_dir = base_dir
+    self.conv = conventions
+    self._models = {}
+    self._systems = {}
+
+  def system_json(self, case):
+    """The system JSON object of ``case`` (its field changes applied)."""
+    cfg = _load_system(self.base_dir, case.system_name, self._systems)
+    return apply_system_set(cfg, case.system_set) if case.system_set else cfg
+
+  # -- the parts of a case ---------------------------------------------------------
+  def _hardware(self, case):
+    row = case.row
+    given = text(row.get('system'))
+    if given:
+      case.system_name = given
+      return
+    entry = self.conv.first(self.conv.hardware, row.get('gpu_type'))
+    if entry is None:
+      case.missing.append(f"hardware {text(row.get('gpu_type'))!r} matches "
+                          'no entry of the hardware table')
+    elif 'unsupported' in entry:
+      case.missing.append(str(entry['unsupported']))
+    else:
+      case.system_name = entry['system']
+      case.cluster = entry.get('cluster')
+      for path, value in (entry.get('set') or {}).items():
+        case.system_set[path] = value
+        case.assume(f'system.{path}', value, entry.get('why', 'hardware '
+                                                       'table'))
+
+  def _model(self, case, facts):
+    """The application, from the columns, the notes facts, the family file
+    and traits, and the defaults (in that precedence)."""
+    row, d = case.row, self.conv.defaults
+    entry = self.conv.first(self.conv.models, row.get('model_name'))
+    base, traits, why = {}, {}, ''
+    if entry is not None:
+      why = entry.get('why', '')
+      if entry.get('file'):
+        base = _load_model(self.base_dir, entry['file'], self._models)
+        why = why or f"models/{entry['file']}.json (the model name)"
+      traits = dict(entry.get('traits') or {})
+    col = {k: number(row.get(k)) for k in (
+      'num_layers', 'hidden', 'ffn_hidden', 'attn_heads', 'kv_heads',
+      'seq_len', 'vocab')}
+    app = {}
+
+    def pick(field_, column, fallback_key=None):
+      if column is not None and col[column] is not None:
+        app[field_] = col[column]
+      elif field_ in base:
+        app[field_] = base[field_]
+        case.assume(field_, base[field_], why)
+    pick('num_blocks', 'num_layers')
+    pick('hidden', 'hidden')
+    pick('attn_heads', 'attn_heads')
+    app['seq_size'] = col['seq_len']
+    for need in ('num_blocks', 'hidden', 'attn_heads'):
+      if need not in app:
+        case.missing.append(f'{need} not stated (neither in the columns nor '
+                            'by a model the name points to)')
+    if case.missing:
+      return None
+    # Application fields of the family (bundled file, then traits).
+    same_shape = base and base.get('hidden') == app['hidden'] and \
+      base.get('attn_heads') == app['attn_heads']
+    for key, value in base.items():
+      if key in ('num_blocks', 'hidden', 'attn_heads', 'seq_size',
+                 'feedforward', 'kv_heads', 'vocab_size', 'attn_size'):
+        continue
+      if not same_shape and key in ('q_lora_rank', 'kv_lora_rank',
+                                    'qk_nope_head_dim', 'qk_rope_head_dim',
+                                    'v_head_dim'):
+        continue
+      app[key] = value
+    for key, value in traits.items():
+      if key != 'vocab_size' and key not in app:
+        app[key] = value
+    if text(row.get('mlp')):
+      app['mlp'] = text(row['mlp'])
+    if text(row.get('block_layout')):
+      app['block_layout'] = text(row['block_layout'])
+    # Mixture of Experts and MLA facts from the notes.
+    for key in ('num_experts', 'top_k', 'moe_ffn_hidden', 'shared_experts',
+                'shared_ffn', 'moe_layer_freq', 'capacity_factor',
+                'q_lora_rank', 'kv_lora_rank', 'qk_head_dim', 'qk_rope_dim',
+                'v_head_dim'):
+      if key in facts:
+        app[NOTES_KEYS[key]] = facts[key]
+    if 'dense_layers' in facts:
+      app['first_dense_blocks'] = facts['dense_layers']
+    if app.get('shared_experts') == 0:
+      app.pop('shared_expert_ffn_hidden', None)
+    mla = 'kv_lora_rank' in app
+    # Head width.
+    if mla:
+      for key in ('qk_nope_head_dim', 'qk_rope_head_dim', 'v_head_dim'):
+        if key not in app:
+          case.missing.append(f'multi-head latent attention without {key}')
+          return None
+      app['attn_size'] = app['qk_nope_head_dim'] + app['qk_rope_head_dim']
+    elif 'head_dim' in facts:
+      app['attn_size'] = facts['head_dim']
+    elif same_shape and 'attn_size' in base:
+      app['attn_size'] = base['attn_size']
+      if base['attn_size'] * app['attn_heads'] != app['hidden']:
+        case.assume('attn_size', base['attn_size'], why)
+    else:
+      if app['hidden'] % app['attn_heads']:
+        case.missing.append(f"head width hidden / heads = {app['hidden']}/"
+                            f"{app['attn_heads']} is not an integer (state "
+                            'head_dim=... in the notes)')
+        return None
+      app['attn_size'] = app['hidden'] // app['attn_heads']
+    # K/V heads.
+    if mla:
+      app.pop('kv_heads', None)
+    elif col['kv_heads'] is not None:
+      app['kv_heads'] = col['kv_heads']
+    elif same_shape and base.get('kv_heads'):
+      app['kv_heads'] = base['kv_heads']
+      case.assume('kv_heads', base['kv_heads'], why)
+    elif re.search('palm', text(row.get('model_name')), re.IGNORECASE):
+      app['kv_heads'] = 1
+    # MLP width.
+    if col['ffn_hidden'] is not None:
+      app['feedforward'] = col['ffn_hidden']
+    elif same_shape and 'feedforward' in base:
+      app['feedforward'] = base['feedforward']
+      case.assume('feedforward', base['feedforward'], why)
+    else:
+      ffn = int(round(d.get('ffn_per_hidden', 4) * app['hidden']))
+      what = f"{d.get('ffn_per_hidden', 4)}h (plain MLP default)"
+      if app.get('mlp') == 'gated':
+        mult = int(d.get('gated_ffn_multiple_of', 256))
+        ffn = -(-int(2 * ffn / 3) // mult) * mult
+        what = f'2/3 x 4h rounded up to {mult} (gated MLP default)'
+      app['feedforward'] = ffn
+      case.assume('feedforward', ffn, what)
+    if app.get('num_experts') and 'moe_ffn_hidden' not in app:
+      app['moe_ffn_hidden'] = app['feedforward']
+    # Vocabulary (not for a single-layer measurement).
+    if case.metric == 'layer_fwd_plus_bwd_ms':
+      for key in ('vocab_size', 'tied_embeddings', 'position_embedding'):
+        app.pop(key, None)
+    elif col['vocab'] is not None:
+      app['vocab_size'] = col['vocab']
+    elif same_shape and base.get('vocab_size'):
+      app['vocab_size'] = base['vocab_size']
+      case.assume('vocab_size', base['vocab_size'], why)
+    elif traits.get('vocab_size'):
+      app['vocab_size'] = traits['vocab_size']
+      case.assume('vocab_size', traits['vocab_size'], why or 'model family')
+    else:
+      for key in ('tied_embeddings', 'position_embedding'):
+        app.pop(key, None)
+      case.approximations.append('vocabulary unknown: embedding, LM head and '
+                                 'loss not priced')
+      case.flops_approximate = True
+    if app.get('num_experts') is None:
+      for key in ('top_k', 'moe_ffn_hidden', 'shared_experts',
+                  'shared_expert_ffn_hidden', 'first_dense_blocks',
+                  'moe_layer_freq', 'capacity_factor'):
+        app.pop(key, None)
+    if not mla:
+      for key in ('q_lora_rank', 'kv_lora_rank', 'qk_nope_head_dim',
+                  'qk_rope_head_dim', 'v_head_dim'):
+        app.pop(key, None)
+    return app
+
+  def _datatype(self, case, system):
+    row, d = case.row, self.conv.defaults
+    have = set(system['matrix']) & set(system['vector'])
+    entry = self.conv.first(self.conv.datatypes, row.get('dtype'))
+    if entry is None:
+      dtype, recipe = d.get('datatype', 'bfloat16'), 'uniform'
+      case.assume('datatype', dtype, 'not stated: the default')
+    else:
+      dtype = entry['datatype']
+      recipe = entry.get('precision_recipe', 'uniform')
+      if entry.get('why'):
+        case.assume('datatype', dtype, entry['why'])
+    sixteen = {'bfloat16': 'float16', 'float16': 'bfloat16'}
+    if dtype not in have and sixteen.get(dtype) in have:
+      case.assume('datatype', sixteen[dtype], f'{dtype} is not in the system '
+                  'file; the other 16-bit type has the same tensor-core rate')
+      dtype = sixteen[dtype]
+    if dtype not in have:
+      case.missing.append(f'datatype {dtype} (the system file has '
+                          f"{', '.join(sorted(have))})")
+    case.fixed['datatype'] = dtype
+    case.fixed['precision_recipe'] = recipe
+
+  def _settings(self, case):
+    """Settings from the rules, then the ``assumptions`` override column:
+    setting -> (value or list, why)."""
+    out = {}
+    for rule in self.conv.rules:
+      if rule.applies(case.row):
+        for key, value in rule.settings.items():
+          out[key] = (value, f'{rule.name}: {rule.why}' if rule.why
+                      else rule.name)
+    for key, value in _parse_assumptions(case.row, case.id).items():
+      out[key] = (value, 'the assumptions column')
+    return out
+
+  # -- the case -------------------------------------------------------------------
+  def build(self, row, case_id=None):
+    """The :class:`Case` of ``row`` (a dict of cells).
+
+    Raises:
+      ConfigError: a malformed override column (assumptions).
+    """
+    case = Case(row=row)
+    case.id = text(row.get('id')) or case_id or '?'
+    case.group = source_group(row)
+    for reason in text(row.get('unsupported')).split(';'):
+      if reason.strip():
+        case.missing.append(reason.strip())
+    metric = case.metric
+    if metric not in CONVERSIONS:
+      case.missing.append(f'metric {metric!r} (the conversions know '
+                          f"{', '.join(CONVERSIONS)})")
+    try:
+      float(text(row.get('measured_value')))
+    except ValueError:
+      case.missing.append('measured value not a number')
+    self._hardware(case)
+    facts = notes_facts(row.get('notes'))
+    if number(row.get('seq_len')) is None:
+      case.missing.append('sequence length not stated')
+    if case.missing:
+      return case
+    app = self._model(case, facts)
+    if app is None:
+      return case
+    case.app = app
+    system = self.system_json(case)
+    self._datatype(case, system)
+    for rule, text_ in self.conv.approximations:
+      if rule.applies(row):
+        case.approximations.append(text_)
+    self._execution(case, facts, system)
+    return case
+
+  def _execution(self, case, facts, system):
+    row, app, fixed = case.row, case.app, case.fixed
+    n = number(row.get('num_gpus'))
+    tp, pp, dp, cp = (number(row.get(k)) for k in ('tp', 'pp', 'dp', 'cp'))
+    cp = cp or 1
+    tp = tp or (None if n is None else None)
+    if tp is None or pp is None:
+      case.missing.append('TP and PP not stated')
+      return
+    if dp is None and n is not None and n % (tp * pp * cp) == 0:
+      dp = n // (tp * pp * cp)
+      case.assume('dp', dp, 'GPUs / (TP x PP x CP)')
+    if dp is None:
+      case.missing.append('DP not stated and not derivable')
+      return
+    if n is not None and tp * pp * dp * cp != n:
+      case.missing.append(f'TP x PP x DP x CP = {tp * pp * dp * cp} is not '
+                          f'the GPU count {n}')
+      return
+    batch = number(row.get('global_batch_size'))
+    if batch is None:
+      case.missing.append('global batch not stated')
+      return
+    if batch % dp:
+      case.missing.append(f'global batch {batch} is not a multiple of DP = '
+                          f'{dp}')
+      return
+    settings = self._settings(case)
+    ep = number(facts.get('ep')) if 'ep' in facts else 1
+    etp = facts.get('etp', 1)
+    if app.get('num_experts') is None:
+      ep, etp = 1, 1
+    elif 'ep' not in facts:
+      case.assume('expert_par', 1, 'not stated')
+    if 'expert_tensor_par' in settings and 'etp' not in facts:
+      etp = settings['expert_tensor_par'][0]
+    nets = system['networks']
+
+    def tier(product):
+      for i, net in enumerate(nets):
+        if net['size'] >= product and (not net['must_be_filled'] or
+                                       net['size'] % product == 0):
+          return i
+      return len(nets) - 1
+    fixed.update({
+      'num_procs': tp * pp * dp * cp, 'tensor_par': tp, 'pipeline_par': pp,
+      'data_par': dp, 'context_par': cp, 'batch_size': batch,
+      'tensor_par_net': tier(tp) if tp > 1 else 0,
+      'context_par_net': tier(tp * cp) if cp > 1 else 0,
+      'data_par_net': tier(tp * cp * dp) if dp > 1 else 0,
+      'pipeline_par_net': tier(tp * cp * dp * pp) if pp > 1 else 0,
+      'expert_par': ep, 'expert_tensor_par': etp,
+      'expert_par_net': tier(ep * etp) if ep > 1 else 0,
+      'moe_dispatcher': 'alltoall', 'expert_imbalance': 1.0,
+      'weight_offload': False, 'activations_offload': False,
+      'optimizer_offload': False, 'training': True,
+    })
+    for key in ('moe_dispatcher', 'expert_imbalance'):
+      if key in settings and app.get('num_experts'):
+        value, why = settings[key]
+        fixed[key] = value[0] if isinstance(value, list) else value
+        case.assume(key, fixed[key], why)
+    if 'flops_convention' in settings:
+      case.flops_convention = settings['flops_convention'][0]
+    else:
+      case.flops_convention = self.conv.defaults.get('flops_convention',
+                                                     'model_full')
+      if metric_needs_flops(case.metric):
+        case.flops_approximate = True
+        case.assume('flops_convention', case.flops_convention,
+                    'no rule names the FLOP convention of the source')
+    if case.flops_approximate and metric_needs_flops(case.metric):
+      case.approximations.append('FLOP conversion of the measured figure '
+                                 'approximate')
+    self._axes(case, settings, tp, pp, dp, cp, batch)
+
+  def _axes(self, case, settings, tp, pp, dp, cp, batch):
+    row, app, axes = case.row, case.app, case.axes
+    seq = app['seq_size']
+
+    def from_rule(key, allowed, default):
+      """A rule's value restricted to ``allowed`` (default: search all)."""
+      if key in settings:
+        value, why = settings[key]
+        values = value if isinstance(value, list) else [value]
+        values = [v for v in values if v in allowed] or list(allowed)
+        case.assume(key, values if len(values) > 1 else values[0], why)
+        return values
+      return list(default)
+
+    # Microbatch.
+    local = batch // dp
+    mbs = number(row.get('micro_batch_size'))
+    if mbs is not None:
+      axes['microbatch_size'] = [mbs]
+    else:
+      ok = [m for m in _factors(local) if m <= MAX_MICROBATCH and
+            (m * (seq // cp)) % tp == 0]
+      axes['microbatch_size'] = from_rule('microbatch_size', ok, ok)
+    # Interleaving.
+    blocks = app['num_blocks']
+    per_stage = -(-blocks // pp)
+    divisors = _factors(per_stage)
+    vp = number(row.get('vp'))
+    if pp == 1:
+      axes['pipeline_interleaving'] = [1]
+    elif vp is not None:
+      if per_stage % vp:
+        near = min(divisors, key=lambda x: abs(math.log(x / vp)))
+        case.approximations.append(
+          f'VP {vp} does not divide the {per_stage} blocks per stage (the '
+          f'framework lays stages out unevenly): priced with VP {near}')
+        vp = near
+      axes['pipeline_interleaving'] = [vp]
+    else:
+      axes['pipeline_interleaving'] = from_rule('pipeline_interleaving',
+                                                divisors, divisors)
+    if blocks % pp:
+      case.approximations.append(f'{blocks} blocks over PP = {pp} stages: '
+                                 'every stage priced with the largest share')
+    # Recomputation.
+    rec_text = text(row.get('recompute'))
+    entry = self.conv.first(self.conv.recompute, rec_text) if rec_text \
+      else None
+    if entry is not None and not entry.get('search'):
+      axes['activation_recompute'] = [entry['value']]
+      if entry.get('approximate'):
+        case.approximations.append(entry['approximate'])
+    else:
+      axes['activation_recompute'] = from_rule(
+        'activation_recompute', RECOMPUTE_NAMES,
+        ('none', 'selective', 'full'))
+    # TP communication (sequence parallelism).
+    sp = text(row.get('seq_parallel'))
+    if tp == 1:
+      axes['tensor_par_comm_type'] = ['ar']
+    elif sp and self.conv.sp_yes.search(sp):
+      axes['tensor_par_comm_type'] = ['rs_ag']
+    else:
+      allowed = ['ar', 'p2p_rs_ag'] if sp and self.conv.sp_no.search(sp) \
+        else ['ar', 'p2p_rs_ag', 'rs_ag']
+      if pp == 1:
+        allowed.remove('p2p_rs_ag')
+      values = from_rule('tensor_par_comm_type', TP_COMM_NAMES, allowed)
+      if pp == 1:
+        values = ['ar' if v == 'p2p_rs_ag' else v for v in values]
+      values = [v for v in dict.fromkeys(values) if v in allowed] or allowed
+      axes['tensor_par_comm_type'] = values
+    axes['tensor_par_overlap'] = ['none'] if tp == 1 else from_rule(
+      'tensor_par_overlap', TP_OVERLAP_NAMES, TP_OVERLAP_NAMES)
+    axes['data_par_overlap'] = [False] if dp == 1 else from_rule(
+      'data_par_overlap', (False, True), (False, True))
+    if dp * cp == 1:
+      axes['data_par_sharding'] = ['none']
+    else:
+      axes['data_par_sharding'] = from_rule(
+        'data_par_sharding', SHARDING_NAMES, ('none', 'optimizer'))
+    axes['attention_kernel'] = from_rule('attention_kernel',
+                                         ATTENTION_KERNEL_NAMES,
+                                         ATTENTION_KERNEL_NAMES)
+    axes['fused_activation'] = from_rule('fused_activation', (False, True),
+                                         (False, True))
+    if not app.get('num_experts'):
+      axes['moe_comm_overlap'] = ['none']
+    else:
+      allowed = ['none', 'compute'] + (['shared_experts']
+                                       if app.get('shared_experts') else [])
+      axes['moe_comm_overlap'] = from_rule('moe_comm_overlap',
+                                           allowed, allowed)
+    for key in axes:
+      if len(axes[key]) > 1:
+        case.assume(key, list(axes[key]), 'unknown: searched')
+
+
+def metric_needs_flops(metric):
+  return metric in ('tflops_per_gpu', 'mfu_pct')
+
+
+def _parse_assumptions(row, row_id):
+  """Settings of the ``assumptions`` override column.
+
+  Raises:
+    ConfigError: a part without '=', an unknown key or a bad value.
+  """
+  from calculon.validation.conventions import SETTINGS, _check_setting
+  out = {}
+  for part in text(row.get('assumptions')).split(';'):
+    part = part.strip()
+    if not part:
+      continue
+    key, sep, value = part.partition('=')
+    key, value = key.strip(), value.strip()
+    key = ASSUMPTION_ALIASES.get(key, key)
+    allowed = tuple(SETTINGS) + ('seq_parallel',)
+    if not sep or key not in allowed:
+      raise ConfigError(
+        f"row {row_id}: field 'assumptions' = {part!r} is not allowed: "
+        f"key=value with key one of {', '.join(allowed)}",
+        field='assumptions', value=part, allowed=', '.join(allowed))
+    if key == 'seq_parallel':
+      key, value = 'tensor_par_comm_type', {'y': 'rs_ag', 'n': 'ar'}.get(
+        value, value)
+    elif key == 'data_par_sharding' and value in ('true', 'false'):
+      value = 'optimizer' if value == 'true' else 'none'
+    elif key == 'activation_recompute':
+      value = {'selective': 'selective'}.get(value, value)
+    if value in ('true', 'false'):
+      value = value == 'true'
+    elif re.fullmatch(r'[0-9]+', value):
+      value = int(value)
+    elif re.fullmatch(r'[0-9]*\.[0-9]+', value):
+      value = float(value)
+    try:
+      _check_setting('assumptions', f'row {row_id}', key, value)
+    except ConfigError as err:
+      raise ConfigError(f"row {row_id}: assumption '{key}' = {value!r} is "
+                        f'not allowed: {err.allowed}', field='assumptions',
+                        value=value, allowed=err.allowed) from None
+    out[key] = value
+  return out
+
+
+# -- the measured figure as a time ---------------------------------------------------
+
+def convention_flops(app, batch, convention):
+  """FLOP of one training batch of ``batch`` sequences in a convention
+  (:data:`FLOPS_CONVENTION_TEXT`); ``app`` a JSON object or Application.
+
+  ``megatron_eq3`` generalizes Narayanan et al. 2021 eq. 3 (96 B s l h^2
+  (1 + s/(6h) + V/(16 l h))): the blocks' model FLOP x 4/3 plus the logits
+  layer; for a GPT block (MHA, f = 4h) it is eq. 3 exactly.
+  """
+  from calculon.config import Application
+  from calculon.llm.flops import model_flops_per_token
+  if not isinstance(app, Application):
+    app = Application.from_dict(app)
+  tokens = float(batch) * app.seq_size
+  if convention == 'model_causal':
+    return model_flops_per_token(app, 'causal') * tokens
+  full = model_flops_per_token(app, 'full') * tokens
+  if convention == 'model_full':
+    return full
+  logits = 6.0 * app.hidden * app.vocab_size * tokens if app.has_vocab \
+    else 0.0
+  return 4.0 / 3.0 * (full - logits) + logits
+
+
+def measured_time_s(case, peak_flops=None):
+  """The measured figure of ``case`` as a time in seconds (a batch; one
+  layer for 'layer_fwd_plus_bwd_ms'), by :data:`CONVERSIONS`.
+
+  Raises:
+    ConfigError: an unknown metric.
+    ValueError: 'mfu_pct' without ``peak_flops``.
+  """
+  row = case.row
+  metric = case.metric
+  value = float(text(row['measured_value']))
+  n = number(row.get('num_gpus'))
+  batch = number(row.get('global_batch_size'))
+  if metric == 'iteration_time_s':
+    return value
+  if metric == 'layer_fwd_plus_bwd_ms':
+    return value / 1e3
+  if metric == 'tokens_per_sec_per_gpu':
+    return batch * case.app['seq_size'] / (value * n)
+  if metric == 'tflops_per_gpu':
+    flops = convention_flops(case.app, batch, case.flops_convention)
+    return flops / (value * 1e12 * n)
+  if metric == 'mfu_pct':
+    if peak_flops is None:
+      raise ValueError('mfu_pct needs the peak FLOP/s')
+    # MFU counts model FLOP only (Chowdhery et al. 2022, appendix B): eq. 3
+    # without its recomputed pass is the whole-matrix model FLOP.
+    convention = 'model_causal' if case.flops_convention == 'model_causal' \
+      else 'model_full'
+    flops = convention_flops(case.app, batch, convention)
+    return flops / (value / 100 * peak_flops * n)
+  raise ConfigError(
+    f"field 'measured_metric_name' = {metric!r} is not allowed: one of "
+    f"{', '.join(CONVERSIONS)}", field='measured_metric_name', value=metric,
+    allowed=', '.join(CONVERSIONS))
+
+
+def predicted_metric(metric, time_s, measured_s, measured_value):
+  """The predicted time in the measured metric's unit (every conversion is
+  value = constant / time, or the time itself)."""
+  if metric == 'iteration_time_s':
+    return time_s
+  if metric == 'layer_fwd_plus_bwd_ms':
+    return time_s * 1e3
+  return measured_value * measured_s / time_s
+
+
+# -- the candidate executions ---------------------------------------------------------
+
+def candidate_columns(case):
+  """:class:`~calculon.config.ExecutionColumns` of every execution searched
+  for ``case``: each searched setting varies along its own axis (in
+  :data:`AXES` order), so the engine prices the grid without repeating
+  work; ``seq_par_ag_redo`` follows Megatron-LM (with sequence parallelism
+  the all-gathered input of a linear layer is not kept but gathered again
+  in the backward pass, unless the whole block is recomputed)."""
+  from calculon.config import ExecutionColumns
+  n = len(AXES)
+  cols = {}
+  for i, key in enumerate(AXES):
+    values = case.axes[key]
+    names = CATEGORIES.get(key)
+    if names is not None:
+      arr = np.array([names.index(v) for v in values], dtype=np.int64)
+    elif key in ('data_par_overlap', 'fused_activation'):
+      arr = np.array(values, dtype=bool)
+    else:
+      arr = np.array(values, dtype=np.int64)
+    shape = [1] * n
+    shape[i] = len(values)
+    cols[key] = arr.reshape(shape)
+  for key, value in case.fixed.items():
+    names = CATEGORIES.get(key)
+    if names is not None:
+      cols[key] = np.int64(names.index(value))
+    elif isinstance(value, bool):
+      cols[key] = np.bool_(value)
+    elif isinstance(value, float):
+      cols[key] = np.float64(value)
+    else:
+      cols[key] = np.int64(value)
+  cols['seq_par_ag_redo'] = (cols['tensor_par_comm_type'] == TP_COMM_RS_AG) \
+    & (cols['activation_recompute'] != RECOMPUTE_FULL)
+  cols['optimizer_sharding'] = None
+  cols['attention_type'] = None
+  missing = [f for f in FIELDS if f not in cols]
+  if missing:
+    raise AssertionError(f'candidate columns miss {missing}')
+  return ExecutionColumns(**cols)
+
+
+def execution_at(case, index):
+  """The JSON execution at grid ``index`` (a tuple) of
+  :func:`candidate_columns`."""
+  exe = dict(case.fixed)
+  for key, i in zip(AXES, index):
+    exe[key] = case.axes[key][i]
+  exe['seq_par_ag_redo'] = (exe['tensor_par_comm_type'] == 'rs_ag' and
+                            exe['activation_recompute'] != 'full')
+  return exe

@@ -1,0 +1,299 @@
+"""``calculon calibrate``: the fit recovers known parameters, cross-
+validation never uses held-out runs, the calibrated file is an ordinary
+system file; and the engine fields calibration writes (overhead,
+fused_attention_efficiency)."""
+
+import copy
+import csv
+import json
+import math
+
+import numpy as np
+import pytest
+
+from calculon.config import Application, ExecutionColumns
+from calculon.errors import ConfigError
+from calculon.hardware import System
+from calculon.llm import evaluate_columns
+from calculon.validation import calibrate as C
+from calculon.validation import mapping as M
+from calculon.validation import published as P
+from conftest import ROOT, load_json, repo, run_cli
+
+H100 = load_json(repo('systems', 'h100_sxm_80g.json'))
+#: Known parameters the synthetic runs are made with.
+TRUTH = {'matrix': 0.86, 'net0': 0.8, 'net1': 0.7, 'per_microbatch_s': 0.004}
+#: (TP, PP, DP, microbatch, global batch) of the synthetic runs: TP inside
+#: a node (tier 0), DP across nodes (tier 1), various microbatch counts.
+LAYOUTS = [(1, 1, 8, 1, 64), (2, 1, 4, 2, 64), (4, 1, 2, 1, 32),
+           (8, 1, 2, 1, 64), (2, 2, 4, 1, 64), (1, 1, 16, 2, 128),
+           (8, 2, 1, 1, 16), (4, 2, 2, 4, 64), (2, 1, 16, 1, 64),
+           (1, 2, 8, 1, 64), (8, 1, 4, 1, 32), (2, 4, 2, 1, 32)]
+#: Settings every synthetic row states, so that it has one candidate.
+FIXED = ('tensor_par_comm_type=ar; tensor_par_overlap=none; '
+         'data_par_overlap=false; data_par_sharding=none; '
+         'attention_kernel=flash; fused_activation=true')
+
+
+def synthetic_rows():
+  rows = []
+  for i, (tp, pp, dp, mbs, gbs) in enumerate(LAYOUTS):
+    row = {k: '' for k in M.FACT_COLUMNS}
+    row.update(source=f'Synthetic {"ABC"[i % 3]} runs',
+               model_name='Toy LM', num_layers='8', hidden='2048',
+               ffn_hidden='8192', attn_heads='16', seq_len='2048',
+               vocab='32000', num_gpus=str(tp * pp * dp),
+               gpu_type='H100-SXM-80GB', tp=str(tp), pp=str(pp), dp=str(dp),
+               vp='1', global_batch_size=str(gbs), micro_batch_size=str(mbs),
+               recompute='none', seq_parallel='n', dtype='bf16',
+               measured_metric_name='iteration_time_s', measured_value='1')
+    row['assumptions'] = FIXED
+    rows.append(row)
+  return rows
+
+
+def write_rows(path, rows):
+  with open(path, 'w', newline='') as fd:
+    writer = csv.DictWriter(fd, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+  return str(path)
+
+
+@pytest.fixture(scope='module')
+def synthetic(tmp_path_factory):
+  """A CSV of runs 'measured' by the model itself on the H100 file with
+  the parameters TRUTH."""
+  path = tmp_path_factory.mktemp('synthetic') / 'runs.csv'
+  rows = synthetic_rows()
+  write_rows(path, rows)
+  suite = P.Suite(ROOT, [str(path)])
+  for row, case in zip(rows, suite.cases):
+    assert case.expressible and case.candidates() == 1, case.missing
+    t, _ = C.exact_prediction(case, H100, TRUTH)
+    row['measured_value'] = repr(t)
+  return write_rows(path, rows)
+
+
+def test_scaled_system_is_the_written_file():
+  """The array-valued system the fit uses prices exactly what the
+  calibrated file (curves rewritten) prices."""
+  theta = {'matrix': 0.9, 'matrix_narrow': 0.8, 'vector': 0.7,
+           'attention': 0.6, 'net0': 0.9, 'net1': 0.6}
+  suite = P.Suite(ROOT)
+  for cid in ('nemo-07', 'megatron-bridge-11', 'torchtitan-06'):
+    c = next(x for x in suite.cases if x.id == cid)
+    cfg = suite.system_json(c)
+    exe = M.candidate_columns(c)
+    written = evaluate_columns(c.app, System(C.apply(cfg, theta)),
+                               exe).total_time_s
+    arrays = {k: np.array([1.0, v]) for k, v in theta.items()}
+    both = evaluate_columns(c.app, C.ScaledSystem(cfg, arrays,
+                                                  ndim=len(exe.shape)),
+                            exe).total_time_s
+    plain = evaluate_columns(c.app, System(cfg), exe).total_time_s
+    np.testing.assert_allclose(both[1], written, rtol=1e-5)
+    np.testing.assert_allclose(both[0], plain, rtol=1e-12)
+
+
+def test_calibrate_recovers_known_parameters(synthetic):
+  suite = P.Suite(ROOT, [synthetic])
+  cases = C.select_runs(suite, 'h100_sxm_80g')
+  assert len(cases) == len(LAYOUTS)
+  names = list(TRUTH)
+  result = C.calibrate_system(suite, H100, cases, names, sigma=50.0,
+                              refine=3, cv=())
+  for k, v in TRUTH.items():
+    assert result.fit.theta[k] == pytest.approx(v, rel=0.02), k
+  assert result.predictions['delta_after_pct'].abs().max() < 0.5
+  # The calibrated file is an ordinary system file: the engine prices a
+  # run on it as the calibration predicts.
+  calibrated = result.calibrated
+  assert calibrated['overhead']['per_microbatch_s'] == pytest.approx(
+    TRUTH['per_microbatch_s'], rel=0.02)
+  c = cases[3]
+  exe = M.execution_at(c, (0,) * len(M.AXES))
+  exe.update(optimizer_sharding=None, attention_type=None)
+  ev = evaluate_columns(c.app, System(calibrated),
+                        ExecutionColumns.from_records([exe]))
+  after = result.predictions.set_index('id').loc[c.id, 'after_s']
+  assert float(ev.total_time_s[0]) == pytest.approx(after, rel=1e-5)
+  assert float(ev.overhead_time_s[0]) == pytest.approx(
+    calibrated['overhead']['per_microbatch_s'] *
+    float(ev.num_microbatches[0]), rel=1e-12)
+
+
+def test_held_out_runs_never_inform_their_prediction(synthetic, tmp_path):
+  """Leave one source out: the held-out source's predictions are the same
+  whatever its measurements say, and equal a calibration on the file
+  without its rows."""
+  with open(synthetic, newline='') as fd:
+    rows = list(csv.DictReader(fd))
+  for row in rows:
+    row['source_group'] = row['source'].split()[1]      # A, B, C
+  changed = copy.deepcopy(rows)
+  for row in changed:
+    if row['source_group'] == 'A':
+      row['measured_value'] = repr(3 * float(row['measured_value']))
+  frames = []
+  for name, data in (('rows.csv', rows), ('changed.csv', changed)):
+    path = write_rows(tmp_path / name, data)
+    prepared = C.prepare(P.Suite(ROOT, [path]))
+    frames.append(C.cross_validate(prepared, 'source',
+                                   names=['matrix', 'net1']).set_index('id'))
+  a, b = (f[f['source'] == 'A'] for f in frames)
+  assert len(a) == 4
+  np.testing.assert_array_equal(a['after_s'].to_numpy(),
+                                b['after_s'].to_numpy())
+  assert not np.allclose(a['delta_after_pct'], b['delta_after_pct'])
+  # ... and equal a calibration on the other sources alone.
+  rest = [r for r in rows if r['source_group'] != 'A']
+  prepared = C.prepare(P.Suite(ROOT, [write_rows(tmp_path / 'rest.csv',
+                                                 rest)]))
+  theta, how = C._fold_theta(prepared.runs, 'h100_sxm_80g',
+                             ['matrix', 'net1'], C.PRIOR_SIGMA)
+  assert how.startswith('own')
+  full = P.Suite(ROOT, [str(tmp_path / 'rows.csv')])
+  for c in full.cases:
+    if c.group == 'A':
+      t, _ = C.exact_prediction(c, H100, theta)
+      assert t == a.loc[c.id, 'after_s']
+
+
+def test_undetermined_parameters_are_refused_and_correlations_warned(
+    synthetic):
+  suite = P.Suite(ROOT, [synthetic])
+  cases = C.select_runs(suite, 'h100_sxm_80g')
+  # No run uses float8 or fused attention heavily enough... attention is
+  # flash here but 2k tokens: check a parameter no run is sensitive to.
+  with pytest.raises(ConfigError, match='cannot determine'):
+    C.calibrate_system(suite, H100, cases[:2], ['matrix', 'net0', 'net1'],
+                       cv=())
+  with pytest.raises(ConfigError, match="'matrix_narrow' is not allowed"):
+    C.check_parameters(load_json(repo('systems', 'a100_80g.json')),
+                       ['matrix_narrow'])
+  with pytest.raises(ConfigError, match="parameter 'warp' is not allowed"):
+    C.check_parameters(H100, ['warp'])
+  # Two parameters that move every run the same way: the per-step and the
+  # per-microbatch overheads when every run has one microbatch.
+  prepared = C.prepare(suite)
+  single = [r for r in prepared.runs if (r.nmb == r.nmb[0]).all()]
+  for r in single:
+    r.nmb = np.ones_like(r.nmb)
+  kept, reasons = C.determined(single, ['per_step_s', 'per_microbatch_s'],
+                               C.prior_of(H100))
+  assert kept == [] and 'rank deficient' in reasons[-1]
+
+
+def test_correlation_warning():
+  """Runs whose times move almost together with two parameters: the fit
+  warns that they are strongly correlated."""
+  def run(nmb, t):
+    return C.Run(case=M.Case(row={}, id=f'r{nmb}', group=f'g{nmb}'),
+                 system='s', cfg=H100, measured_s=t, lin={}, names=[],
+                 times=np.array([[1.0]]), nmb=np.array([float(nmb)]))
+  runs = [run(n, 1.0 + 0.3 + 0.01 * n) for n in (10, 11, 12, 13)]
+  result = C.fit(runs, ['per_step_s', 'per_microbatch_s'],
+                 C.prior_of(H100), sigma=5.0)
+  assert any('strongly correlated' in w for w in result.warnings)
+
+
+def test_cli_calibrate(synthetic, tmp_path):
+  out = tmp_path / 'cal.json'
+  res = run_cli('calibrate', synthetic, repo('systems', 'h100_sxm_80g.json'),
+                '-o', out, '--params', 'matrix,net0,net1,per_microbatch_s',
+                '--prior-sigma', '50', '--cv', 'none')
+  assert res.returncode == 0, res.stderr
+  for needle in ('matrix', 'std err', 'In sample', 'wrote'):
+    assert needle in res.stdout, needle
+  cal = json.loads(out.read_text())
+  assert cal['networks'][1]['efficiency'] == pytest.approx(
+    H100['networks'][1]['efficiency'] * TRUTH['net1'], rel=0.02)
+  assert any('calculon calibrate' in n for n in cal['notes'])
+  bad = run_cli('calibrate', synthetic, repo('systems', 'h100_sxm_80g.json'),
+                '-o', tmp_path / 'x.json', '--params', 'matrix,attention')
+  assert bad.returncode == 2
+  assert 'attention: no run is sensitive to it' in bad.stderr
+
+
+# -- engine fields ------------------------------------------------------------------
+
+GPT = {'hidden': 2048, 'feedforward': 8192, 'seq_size': 8192,
+       'attn_heads': 16, 'attn_size': 128, 'num_blocks': 4}
+EXE = dict(num_procs=8, tensor_par=2, pipeline_par=1, data_par=4,
+           tensor_par_net=0, pipeline_par_net=0, data_par_net=0,
+           batch_size=32, microbatch_size=2, datatype='bfloat16',
+           fused_activation=True, activation_recompute='none',
+           pipeline_interleaving=1, optimizer_sharding=False,
+           tensor_par_comm_type='ar', tensor_par_overlap='none',
+           seq_par_ag_redo=False, data_par_overlap=False,
+           weight_offload=False, activations_offload=False,
+           optimizer_offload=False, training=True, attention_kernel='flash')
+
+
+def price(system, **changes):
+  cols = ExecutionColumns.from_records([dict(EXE, **changes)])
+  return evaluate_columns(Application.from_dict(GPT), System(system), cols)
+
+
+def test_overhead_adds_per_step_and_per_microbatch():
+  plain = price(H100)
+  sys2 = dict(H100, overhead={'per_step_s': 0.25, 'per_microbatch_s': 0.01})
+  over = price(sys2)
+  nmb = 32 // 4 // 2
+  assert float(over.overhead_time_s[0]) == pytest.approx(0.25 + 0.01 * nmb)
+  assert float(over.total_time_s[0]) == pytest.approx(
+    float(plain.total_time_s[0]) + 0.25 + 0.01 * nmb, rel=1e-12)
+  assert plain.overhead_time_s == 0.0
+  # The report's time breakdown (with its 'fixed overhead' line) still
+  # adds up to the batch time.
+  from calculon.report import RunData
+  from calculon.llm.stats import stat_arrays, STAT_NAMES, EXTRA_STAT_NAMES
+  stats = {k: float(v[0]) for k, v in stat_arrays(
+    over, STAT_NAMES + EXTRA_STAT_NAMES).items()}
+  parts = dict((label, sec) for label, sec, _ in RunData(
+    None, None, None, stats, stats).time_breakdown())
+  assert parts['fixed overhead'] == pytest.approx(0.25 + 0.01 * nmb)
+  assert sum(parts.values()) == pytest.approx(stats['total_time'],
+                                              rel=1e-12)
+  with pytest.raises(ConfigError, match="overhead.per_step_s"):
+    System(dict(H100, overhead={'per_step_s': -1}))
+
+
+def test_fused_attention_efficiency_slows_fused_attention_only():
+  plain = price(H100)
+  half = price(dict(H100, fused_attention_efficiency=0.5))
+  def flash(ev):
+    layer = next(l for l in ev.layers if l.name == 'AttnBlock_FlashAttention')
+    return (np.asarray(layer.flops_time_s('fw')).reshape(-1)[0],
+            np.asarray(layer.mem_time_s('fw')).reshape(-1)[0])
+  (fp, mp), (fh, mh) = flash(plain), flash(half)
+  assert fh == pytest.approx(2 * fp, rel=1e-12) and mh == mp
+  assert float(half.total_time_s[0]) > float(plain.total_time_s[0])
+  std = price(H100, attention_kernel='standard')
+  std_half = price(dict(H100, fused_attention_efficiency=0.5),
+                   attention_kernel='standard')
+  assert float(std.total_time_s[0]) == float(std_half.total_time_s[0])
+  with pytest.raises(ConfigError, match='fused_attention_efficiency'):
+    System(dict(H100, fused_attention_efficiency=1.5))
+
+
+def test_all_to_all_across_nodes_splits_by_tier():
+  """An all-to-all among 16 ranks on 2 nodes of 8: 8 of the 15 peers are
+  off-node (over tier 1), 7 on-node (over NVLink), at the same time."""
+  from calculon.llm.block import build_block  # noqa: F401
+  app = Application.from_dict(dict(GPT, seq_size=4096, num_experts=16,
+                                   top_k=2, moe_ffn_hidden=2048,
+                                   kv_heads=16))
+  exe = dict(EXE, num_procs=16, tensor_par=1, data_par=16, batch_size=16,
+             microbatch_size=1, expert_par=16, expert_par_net=1,
+             data_par_net=1)
+  ev = evaluate_columns(app, System(H100),
+                        ExecutionColumns.from_records([exe]))
+  n = 4096 * 2 * 2048 * 2           # tokens x top_k x hidden x bf16
+  nets = System(H100).networks
+  inter = nets.latency_s[1] + n * 8 / 16 / nets.effective_bw[1]
+  intra = nets.latency_s[0] + n * 7 / 16 / nets.effective_bw[0]
+  layer = next(l for l in ev.layers if l.name == 'Moe_Dispatch')
+  assert np.asarray(layer.ep_time_s()).reshape(-1)[0] == pytest.approx(
+    max(inter, intra), rel=1e-9)

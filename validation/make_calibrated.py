@@ -1,0 +1,49 @@
+"""Writes the calibrated system files of the bundled runs' clusters.
+
+For every cluster of the hardware table (validation/conventions.yaml) with
+enough measured runs in validation/published_runs.csv and
+validation/published_runs_2024_2026.csv, runs
+
+    calculon calibrate validation/published_runs.csv \\
+        validation/published_runs_2024_2026.csv systems/SYSTEM.json \\
+        --cluster CLUSTER -o systems/CLUSTER_calibrated.json --cv none
+
+and prints what it fitted.  The uncalibrated (datasheet) files stay.
+
+Run from the repository root: ``python validation/make_calibrated.py``.
+"""
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUNS = ['validation/published_runs.csv',
+        'validation/published_runs_2024_2026.csv']
+#: cluster -> bundled system file it is calibrated from.
+CLUSTERS = {
+  'a100_80g': 'a100_80g',                      # Selene-class DGX A100
+  'h100_sxm_80g': 'h100_sxm_80g',              # Eos-class DGX H100
+  'h100_96g_power_capped': 'h100_sxm_80g',     # Meta Grand Teton H100
+  'b200': 'b200',
+  'gb200_nvl72': 'gb200_nvl72',
+  'gb300_nvl72': 'gb300_nvl72',
+}
+
+
+def main():
+  for cluster, system in CLUSTERS.items():
+    out = f'systems/{cluster}_calibrated.json'
+    cmd = [sys.executable, '-m', 'calculon', 'calibrate', *RUNS,
+           f'systems/{system}.json', '--cluster', cluster, '-o', out,
+           '--cv', 'none']
+    print('$', ' '.join(['calculon'] + cmd[3:]), flush=True)
+    res = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True)
+    print(res.stdout, res.stderr, flush=True)
+    if res.returncode:
+      return res.returncode
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
