@@ -42,6 +42,22 @@ def test_single_run_and_parameter_count_load_no_heavy_package():
   assert loaded(['version']) == (0, [])
 
 
+def test_whole_parser_loads_no_model():
+  """--version (like -h) builds every command's parser: no command module
+  may import numpy or the model at its top."""
+  code = ('import sys\n'
+          'from calculon.cli.main import build_parser\n'
+          'build_parser()\n'
+          "print([m for m in sys.modules if m == 'numpy' or "
+          "m.startswith('calculon.llm')])\n")
+  env = dict(os.environ)
+  env['PYTHONPATH'] = ROOT + os.pathsep + env.get('PYTHONPATH', '')
+  res = subprocess.run([sys.executable, '-c', code], capture_output=True,
+                       text=True, env=env, cwd=ROOT, timeout=120)
+  assert res.returncode == 0, res.stderr
+  assert res.stdout.strip() == '[]'
+
+
 def test_bad_output_fails_before_loading_the_model(tmp_path):
   assert loaded(['llm', APP, EXE, SYS, str(tmp_path / 'no' / 's.json')],
                 HEAVY + ('numpy', 'calculon.llm')) == (2, [])

@@ -2,7 +2,7 @@
 
 import os
 
-from calculon import io, outputs
+from calculon import outputs
 from calculon.cli.main import EXIT_OK, positive_int
 from calculon.errors import ConfigError
 from calculon.units import human_format
@@ -47,6 +47,7 @@ def run_import(args, log):
   from calculon.config import Application
   from calculon.hf import application_from_hf
   check_output(args.output, [args.config])
+  from calculon import io  # here: numpy, not needed by other commands
   cfg = io.read_json_file(args.config)
   app, notes = application_from_hf(cfg, args.config, seq=args.seq,
                                    name=args.name)
