@@ -261,7 +261,7 @@ def test_overhead_adds_per_step_and_per_microbatch():
 
 
 def test_fused_attention_efficiency_slows_fused_attention_only():
-  plain = price(H100)
+  plain = price(dict(H100, fused_attention_efficiency=1.0))
   half = price(dict(H100, fused_attention_efficiency=0.5))
   def flash(ev):
     layer = next(l for l in ev.layers if l.name == 'AttnBlock_FlashAttention')

@@ -1062,13 +1062,18 @@ def calibrate_system(suite, cfg, cases, names=None, sigma=PRIOR_SIGMA,
                       '--all-rows', field='runs')
   # Field changes shared by every run (e.g. a memory size) become part of
   # the calibrated file; the others stay with their runs.
+  # A multiplying change ({'times': x}: a slower kernel named by the runs'
+  # framework) stays with the runs, so that the file keeps the hardware's
+  # value and a run priced on it applies its own factor once.
   common = {k: v for k, v in cases[0].system_set.items()
-            if all(k in c.system_set and c.system_set[k] == v
-                   for c in cases)}
+            if not isinstance(v, dict)
+            and all(k in c.system_set and c.system_set[k] == v
+                    for c in cases)}
   base = apply_system_set(cfg, common) if common else copy.deepcopy(cfg)
   runs = []
   for case in cases:
-    row_cfg = apply_system_set(base, case.system_set)
+    row_cfg = apply_system_set(base, {k: v for k, v in case.system_set.items()
+                                      if k not in common})
     try:
       run = linearize(case, row_cfg, prior_of(row_cfg), case.measured_s,
                       cluster)

@@ -26,6 +26,12 @@ from calculon.errors import ConfigError
 #: FLOP conventions of a measured TFLOP/s or MFU figure (see
 #: :func:`calculon.validation.mapping.convention_flops`).
 FLOPS_CONVENTIONS = ('model_full', 'model_causal', 'megatron_eq3')
+#: Fused attention kernels a rule may name (the ``attention_implementation``
+#: setting): FlashAttention-2, FlashAttention-3, cuDNN's fused attention.
+#: A hardware entry's ``attention_kernels`` says how fast each runs there
+#: relative to the system file's ``fused_attention_efficiency`` (the best
+#: kernel of that hardware); a kernel it does not list runs at the file's.
+ATTENTION_IMPLEMENTATIONS = ('fa2', 'fa3', 'cudnn')
 
 #: Settings a rule may fix (or restrict to a list searched): execution
 #: fields and their allowed values (None: a positive integer; 'number': a
@@ -46,6 +52,7 @@ SETTINGS = {
   'expert_imbalance': 'number',
   'expert_tensor_par': None,
   'flops_convention': FLOPS_CONVENTIONS,
+  'attention_implementation': ATTENTION_IMPLEMENTATIONS,
 }
 #: CSV columns a pattern may look at.
 MATCH_COLUMNS = ('source', 'model_name', 'gpu_type', 'dtype', 'recompute',
@@ -232,11 +239,23 @@ def load(path):
     _fail(path, 'defaults.flops_convention', defaults.get('flops_convention'),
           'one of ' + ', '.join(FLOPS_CONVENTIONS))
   hardware = _table(path, doc, 'hardware', ('system', 'set', 'unsupported',
-                                            'cluster'))
+                                            'cluster', 'attention_kernels'))
   for i, entry in enumerate(hardware):
     if ('system' in entry) == ('unsupported' in entry):
       _fail(path, f'hardware[{i}]', entry.get('system'),
             "exactly one of 'system' and 'unsupported'")
+    kernels = entry.get('attention_kernels', {})
+    if not isinstance(kernels, dict):
+      _fail(path, f'hardware[{i}].attention_kernels', kernels,
+            'a mapping of kernel name to a number in (0, 1]')
+    for name, value in kernels.items():
+      if name not in ATTENTION_IMPLEMENTATIONS:
+        _fail(path, f'hardware[{i}].attention_kernels', name,
+              'one of ' + ', '.join(ATTENTION_IMPLEMENTATIONS))
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+          not 0 < value <= 1:
+        _fail(path, f'hardware[{i}].attention_kernels.{name}', value,
+              'a number in (0, 1]')
   datatypes = _table(path, doc, 'datatypes', ('datatype', 'precision_recipe'))
   for i, entry in enumerate(datatypes):
     if entry.get('datatype') not in DATATYPE_NAMES:

@@ -198,6 +198,7 @@ class Case:
   system_name: str = None
   system_set: dict = field(default_factory=dict)
   cluster: str = None
+  attention_kernels: dict = field(default_factory=dict)
   fixed: dict = field(default_factory=dict)
   axes: dict = field(default_factory=dict)
   flops_convention: str = 'model_full'
@@ -254,9 +255,16 @@ def _load_system(base_dir, name, cache):
   return cache[name]
 
 
+#: Optional system fields that mean 1 when absent (a ``{'times': x}``
+#: change of an absent one sets it to x).
+_ABSENT_IS_ONE = ('fused_attention_efficiency', 'grouped_gemm_efficiency')
+
+
 def apply_system_set(cfg, changes):
   """A copy of system JSON ``cfg`` with dotted-path ``changes`` applied
-  (``mem1.GiB``, ``networks[0].size``...).
+  (``mem1.GiB``, ``networks[0].size``...).  A value ``{'times': x}``
+  multiplies the field instead (a kernel slower than the file's best, on
+  top of whatever the file says, calibrated or not).
 
   Raises:
     ConfigError: a path that does not exist in ``cfg``.
@@ -270,7 +278,11 @@ def apply_system_set(cfg, changes):
       key = int(part) if part.isdigit() else part
       last = i == len(parts) - 1
       try:
-        if last:
+        if last and isinstance(value, dict) and 'times' in value:
+          current = obj[key] if key not in _ABSENT_IS_ONE else \
+            obj.get(key)   # must exist, unless absent means 1
+          obj[key] = (1.0 if current is None else current) * value['times']
+        elif last:
           obj[key]   # must exist
           obj[key] = value
         else:
@@ -317,6 +329,7 @@ class Mapper:
     else:
       case.system_name = entry['system']
       case.cluster = entry.get('cluster')
+      case.attention_kernels = dict(entry.get('attention_kernels') or {})
       for path, value in (entry.get('set') or {}).items():
         case.system_set[path] = value
         case.assume(f'system.{path}', value, entry.get('why', 'hardware '
@@ -599,6 +612,14 @@ class Mapper:
         value, why = settings[key]
         fixed[key] = value[0] if isinstance(value, list) else value
         case.assume(key, fixed[key], why)
+    if 'attention_implementation' in settings:
+      value, why = settings['attention_implementation']
+      kernel = value[0] if isinstance(value, list) else value
+      factor = case.attention_kernels.get(kernel)
+      if factor is not None:
+        case.system_set['fused_attention_efficiency'] = {'times': factor}
+        case.assume('system.fused_attention_efficiency', f'x {factor}',
+                    f'{why}; {kernel} on this hardware (hardware table)')
     if 'flops_convention' in settings:
       case.flops_convention = settings['flops_convention'][0]
     else:
