@@ -64,12 +64,44 @@ def test_conventions_are_checked(tmp_path):
       ("rules:\n  - name: x\n    match: {colour: 'a'}\n", 'colour'),
       ("hardware:\n  - match: '(unclosed'\n    system: b200\n",
        'regular expression'),
-      ("datatypes:\n  - match: 'fp8'\n    datatype: float7\n", 'float7')):
+      ("datatypes:\n  - match: 'fp8'\n    datatype: float7\n", 'float7'),
+      ("hardware:\n  - match: 'H100'\n    system: h100_sxm_80g\n"
+       "    attention_kernels: {fa9: 0.5}\n", 'fa9'),
+      ("hardware:\n  - match: 'H100'\n    system: h100_sxm_80g\n"
+       "    attention_kernels: {fa2: 1.5}\n", r'\(0, 1\]')):
     path = tmp_path / 'conv.yaml'
     path.write_text(bad)
     with pytest.raises(ConfigError, match=needle):
       CV.load(str(path))
   assert base  # the bundled file itself loads (above)
+
+
+def test_attention_kernel_of_the_framework_on_hopper(suite):
+  """FlashAttention-2 on Hopper: about 35 % of the H100's peak (Shah et al.
+  2024, "FlashAttention-3", section 1) against the file's 0.8 large-GEMM
+  efficiency; the file's own value is the FA3/cuDNN class (0.72).  A
+  torchtitan row (PyTorch SDPA: FA2) on H100 gets that factor, a Megatron
+  row (cuDNN) and an A100 row (FA2 is Ampere's best) keep the file's."""
+  h100 = json.load(open(repo('systems', 'h100_sxm_80g.json')))
+  assert h100['fused_attention_efficiency'] == 0.72
+  titan = case(suite, 'torchtitan-04')
+  factor = titan.system_set['fused_attention_efficiency']['times']
+  eff = suite.system_json(titan)['fused_attention_efficiency']
+  assert eff == pytest.approx(0.72 * factor)
+  assert eff == pytest.approx(0.35 / 0.8, rel=0.01)
+  assert 'fused_attention_efficiency' not in case(suite, 'nemo-12').system_set
+  a100 = case(suite, 'torchtitan-19')
+  assert 'fused_attention_efficiency' not in a100.system_set
+  assert suite.system_json(a100).get('fused_attention_efficiency') is None
+  # A multiplying change: of an absent optional efficiency (1), of a field
+  # that exists, and never of a field the file lacks.
+  assert M.apply_system_set({}, {'grouped_gemm_efficiency': {'times': 0.5}}) \
+    == {'grouped_gemm_efficiency': 0.5}
+  assert M.apply_system_set({'mem1': {'GiB': 80}},
+                            {'mem1.GiB': {'times': 0.5}}) == \
+    {'mem1': {'GiB': 40.0}}
+  with pytest.raises(ConfigError, match='mem2.GiB'):
+    M.apply_system_set({'mem1': {'GiB': 80}}, {'mem2.GiB': {'times': 2}})
 
 
 def test_rows_are_mapped_by_conventions(suite):
