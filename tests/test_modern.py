@@ -188,6 +188,26 @@ def test_full_recomputation_keeps_the_layer_input():
   assert value(ev.block_act_checkpoint_bytes) == 2 * 2048 * 4096
 
 
+@pytest.mark.parametrize('comm', ['ar', 'rs_ag', 'p2p_rs_ag'])
+def test_checkpoint_layout(comm):
+  """With sequence parallelism Megatron-LM's full recomputation checkpoints
+  the block input as each TP rank holds it, [s/t, b, h] (Korthikanti et al.
+  2022, section 4.2.2: the layer input is scattered along the sequence):
+  2sbh/t per layer with checkpoint_layout 'as_input'; Calculon's 2sbh
+  ('whole', the default) otherwise, and without sequence parallelism."""
+  app = Application.from_dict(GPT)
+  whole = evaluation(app, A100, tensor_par=4, activation_recompute='full',
+                     tensor_par_comm_type=comm)
+  kept = evaluation(app, A100, tensor_par=4, activation_recompute='full',
+                    tensor_par_comm_type=comm, checkpoint_layout='as_input')
+  assert value(whole.block_act_checkpoint_bytes) == 2 * 2048 * 4096
+  sharded = 2 * 2048 * 4096 / (4 if comm != 'ar' else 1)
+  assert value(kept.block_act_checkpoint_bytes) == sharded
+  assert value(kept.total_time_s) == value(whole.total_time_s)
+  with pytest.raises(ConfigError, match="'checkpoint_layout' = \"split\""):
+    Execution.from_dict(dict(BASE_EXE, checkpoint_layout='split'))
+
+
 def test_gated_mlp_and_gqa_activations():
   """Gated MLP keeps the 2f-wide gate/up output and the f-wide down input
   (sb(3h + 6f) for the MLP with its input and dropout mask, vs sb(3h + 4f)

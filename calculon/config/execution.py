@@ -39,6 +39,10 @@ ATTENTION_KERNEL_NAMES = ('standard', 'flash')
 PRECISION_RECIPE_NAMES = ('uniform', 'transformer_engine')
 DISPATCHER_NAMES = ('alltoall', 'allgather')
 MOE_OVERLAP_NAMES = ('none', 'shared_experts', 'compute')
+#: Where full recomputation's block-input checkpoints live: ``whole`` (every
+#: TP rank stores the whole input: Calculon) or ``as_input`` (as the rank
+#: holds the input: sequence-sharded, 1/TP, with sequence parallelism).
+CHECKPOINT_LAYOUT_NAMES = ('whole', 'as_input')
 
 # Codes used by the engine.
 RECOMPUTE_NONE, RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_SELECTIVE = \
@@ -52,6 +56,7 @@ KERNEL_STANDARD, KERNEL_FLASH = 0, 1
 RECIPE_UNIFORM, RECIPE_TE = 0, 1
 DISPATCH_ALLTOALL, DISPATCH_ALLGATHER = 0, 1
 MOE_OVERLAP_NONE, MOE_OVERLAP_SHARED, MOE_OVERLAP_COMPUTE = 0, 1, 2
+CHECKPOINT_WHOLE, CHECKPOINT_AS_INPUT = 0, 1
 #: Code of an optional categorical field left out (``attention_type``:
 #: as the application's kv_heads say; ``gradient_datatype``: Calculon's).
 UNSET = -1
@@ -116,6 +121,8 @@ OPTIONAL_SPECS = {
   'moe_comm_overlap': (Spec('str', choices=MOE_OVERLAP_NAMES),
                        MOE_OVERLAP_NAMES, 'none'),
   'expert_imbalance': (Spec('number', lo=1), None, 1.0),
+  'checkpoint_layout': (Spec('str', choices=CHECKPOINT_LAYOUT_NAMES),
+                        CHECKPOINT_LAYOUT_NAMES, 'whole'),
 }
 #: Calculon fields that new-style executions may leave out, with what their
 #: absence means (attention_type: as the application's kv_heads say;
@@ -175,7 +182,14 @@ class Execution:
   --moe-shared-expert-overlap; 'compute': behind the rest of the block's
   compute, as with Megatron-Core --overlap-moe-expert-parallel-comm or
   DeepSeek-V3's DualPipe), expert_imbalance (tokens of the busiest expert
-  over the average, >= 1: the step waits for the slowest rank).  ``attention_type`` and ``optimizer_sharding`` may be left
+  over the average, >= 1: the step waits for the slowest rank),
+  checkpoint_layout (``whole``: with full recomputation every TP rank
+  stores each block's whole input, as Calculon does; ``as_input``: the
+  checkpoint is the input as the rank holds it, sequence-sharded (1/TP)
+  with sequence parallelism -- Megatron-LM checkpoints the block input,
+  which sequence parallelism scatters along the sequence, Korthikanti et
+  al. 2022 section 4.2.2; the same as ``whole`` without it).
+  ``attention_type`` and ``optimizer_sharding`` may be left
   out when the application's ``kv_heads`` / ``data_par_sharding`` say.
   """
   num_procs: int
@@ -213,6 +227,7 @@ class Execution:
   moe_dispatcher: str = 'alltoall'
   moe_comm_overlap: str = 'none'
   expert_imbalance: float = 1.0
+  checkpoint_layout: str = 'whole'
 
   @classmethod
   def from_dict(cls, cfg, source='<execution>'):

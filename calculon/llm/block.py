@@ -16,7 +16,7 @@ from calculon.llm.layers import (
   flag, negate, where, BatchMatMul, CrossEntropy, DropOut, ElementWise,
   EmbeddingLookup, FlashAttention, Fork, GeLU, LayerNorm, Linear,
   LinearOverlapped, RMSNorm, RoPE, SoftMax, SwiGLU, TPComm,
-  causal_tile_fraction, ExpertComm, GroupedLinear)
+  causal_tile_fraction, ExpertComm, GroupedLinear, WeightedCombine)
 
 
 def _mask(cond):
@@ -352,7 +352,8 @@ def _moe_mlp(app, exe, ctx, add, shape, norm_cls, norm_name, full, parallel,
       recompute=full, present=alltoall)
   add(ExpertComm, 'Moe_Combine_RS', tokens * h * ep, ep, tier,
       'reduce_scatter', recompute=full, present=allgather)
-  add(ElementWise, 'Moe_Unpermute', dispatched, dispatched, recompute=full)
+  add(WeightedCombine, 'Moe_Unpermute', dispatched, tokens * k,
+      recompute=full)
   if shared:
     batch_seq = shape.batch_seq
     s_up = 2 * shared if app.gated else shared

@@ -543,6 +543,24 @@ class ElementWise(Layer):
                      **flags)
 
 
+class WeightedCombine(ElementWise):
+  """The combine of a Mixture-of-Experts layer: each token's k expert
+  outputs scaled by their router probabilities and summed (Megatron-Core
+  ``moe_utils.unpermute``: the multiplication by the probabilities, then a
+  scatter-add).  Time as an element-wise operation on the ``dispatched``
+  (tokens x k x h) outputs; for the backward pass it keeps the expert
+  outputs (the probabilities' gradient) and the fp32 probabilities (the
+  outputs' gradient), ``probs`` = tokens x k; the scatter-add keeps only
+  indices."""
+
+  def __init__(self, name, ctx, dispatched, probs, **flags):
+    self.probs = probs
+    super().__init__(name, ctx, dispatched, dispatched, **flags)
+
+  def activation_bytes(self):
+    return (self.activation / 2) * self.act_bpe + self.probs * FP32_BYTES
+
+
 class Fork(Layer):
   """Hands one activation to ``users`` consumers; sums their gradients."""
 

@@ -21,8 +21,9 @@ from functools import cached_property
 import numpy as np
 
 from calculon.config.execution import (
-  DATATYPE_BYTES, DATATYPE_NAMES, RECIPE_TE, RECOMPUTE_FULL, RECOMPUTE_NONE,
-  SHARD_GRADIENTS, SHARD_OPTIMIZER, SHARD_PARAMETERS, TP_COMM_AR, UNSET)
+  CHECKPOINT_AS_INPUT, DATATYPE_BYTES, DATATYPE_NAMES, RECIPE_TE,
+  RECOMPUTE_FULL, RECOMPUTE_NONE, SHARD_GRADIENTS, SHARD_OPTIMIZER,
+  SHARD_PARAMETERS, TP_COMM_AR, UNSET)
 from calculon.llm.block import (
   BlockMix, BlockTotals, Shape, build_block, build_embedding, build_head,
   moe_blocks_in_busiest_stage)
@@ -199,9 +200,16 @@ class Evaluation:
   @cached_property
   def block_act_checkpoint_bytes(self):
     """Activation checkpoint of one block: its input, kept with full
-    recomputation when training (Chen et al. 2016)."""
+    recomputation when training (Chen et al. 2016); with
+    ``checkpoint_layout`` 'as_input' and sequence parallelism, the
+    sequence-sharded input each TP rank holds (Megatron-LM checkpoints the
+    block's input tensor, [s/t, b, h] with --sequence-parallel)."""
+    sharded = (self.exe.checkpoint_layout == CHECKPOINT_AS_INPUT) & (
+      self.exe.tensor_par_comm_type != TP_COMM_AR)
+    elems = np.where(sharded, self.seq_par_activation_elems,
+                     self.activation_elems)
     return np.where(self.training & self.full_recompute,
-                    self.activation_elems * self.io_bytes, 0)
+                    elems * self.io_bytes, 0)
 
   # -- totals over the batch ----------------------------------------------------
   @cached_property

@@ -27,7 +27,8 @@ import numpy as np
 
 from calculon.config import ExecutionColumns
 from calculon.config.execution import (
-  ATTENTION_AUTO, ATTENTION_KERNEL_NAMES, DATATYPE_NAMES, DISPATCHER_NAMES,
+  ATTENTION_AUTO, ATTENTION_KERNEL_NAMES, CHECKPOINT_AS_INPUT, DATATYPE_NAMES,
+  DISPATCHER_NAMES,
   MOE_OVERLAP_NAMES, NARROW_DATATYPES,
   PRECISION_RECIPE_NAMES, RECOMPUTE_FULL, RECOMPUTE_NAMES, SHARDING_NAMES,
   TP_COMM_NAMES, TP_COMM_RS_AG, TP_OVERLAP_NAMES, UNSET)
@@ -340,6 +341,9 @@ def columns(spec, chunk):
       UNSET if spec.gradient_datatype is None
       else DATATYPE_NAMES.index(spec.gradient_datatype))
     cols['optimizer_sharding'] = None
+    # Modern frameworks checkpoint the block input as each rank holds it
+    # (sequence-sharded with sequence parallelism).
+    cols['checkpoint_layout'] = np.int64(CHECKPOINT_AS_INPUT)
   k = len(chunk.prefix)
   for axis, name in enumerate(axes):
     values = g.values[name]

@@ -26,7 +26,8 @@ import re
 import numpy as np
 
 from calculon.config.execution import (
-  ATTENTION_KERNEL_NAMES, DATATYPE_NAMES, DISPATCHER_NAMES, FIELDS,
+  ATTENTION_KERNEL_NAMES, CHECKPOINT_LAYOUT_NAMES, DATATYPE_NAMES,
+  DISPATCHER_NAMES, FIELDS,
   MOE_OVERLAP_NAMES, PRECISION_RECIPE_NAMES, RECOMPUTE_FULL,
   RECOMPUTE_NAMES, SHARDING_NAMES, TP_COMM_NAMES, TP_COMM_RS_AG,
   TP_OVERLAP_NAMES)
@@ -98,6 +99,7 @@ CATEGORIES = {
   'attention_kernel': ATTENTION_KERNEL_NAMES,
   'precision_recipe': PRECISION_RECIPE_NAMES,
   'moe_dispatcher': DISPATCHER_NAMES, 'moe_comm_overlap': MOE_OVERLAP_NAMES,
+  'checkpoint_layout': CHECKPOINT_LAYOUT_NAMES,
 }
 #: The largest microbatch searched.
 MAX_MICROBATCH = 64
@@ -607,6 +609,9 @@ class Mapper:
       'weight_offload': False, 'activations_offload': False,
       'optimizer_offload': False, 'training': True,
     })
+    layout = self.conv.defaults.get('checkpoint_layout')
+    if layout:
+      fixed['checkpoint_layout'] = layout
     for key in ('moe_dispatcher', 'expert_imbalance'):
       if key in settings and app.get('num_experts'):
         value, why = settings[key]
