@@ -1,6 +1,4 @@
 """``python -m calculon``."""
-import sys
+from calculon.cli.main import entry
 
-from calculon.cli.main import main
-
-sys.exit(main())
+entry()

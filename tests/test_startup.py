@@ -81,3 +81,32 @@ def test_every_command_is_in_the_lazy_registry():
   assert cli.command_in(['-l', 'x.log', '-v', 'INFO', 'loe', '-h']) == 'loe'
   assert cli.command_in(['--log=x', '-vDEBUG', 'sweep']) == 'sweep'
   assert cli.command_in(['-h', 'llm']) is None
+
+
+def test_single_run_fast_exit_loses_nothing(tmp_path):
+  """``calculon llm`` ends with os._exit (cli.main.finish): the report on
+  stdout, the log file and the stats file are complete all the same."""
+  env = dict(os.environ)
+  env['PYTHONPATH'] = ROOT + os.pathsep + env.get('PYTHONPATH', '')
+  def run(*argv):
+    return subprocess.run([sys.executable, '-m', 'calculon', *argv],
+                          capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=120)
+  normal = subprocess.run(
+    [sys.executable, '-c', 'import sys; from calculon.cli.main import main; '
+     'sys.exit(main(sys.argv[1:]))', 'llm', APP, EXE, SYS, '-'],
+    capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+  fast = run('llm', APP, EXE, SYS, '-')
+  assert fast.returncode == normal.returncode == 0
+  assert fast.stdout == normal.stdout and fast.stdout.count('\n') > 20
+  log = tmp_path / 'run.log'
+  res = run('-l', str(log), 'llm', APP, EXE, SYS, '-')
+  assert res.returncode == 0 and res.stdout == ''
+  assert log.read_text() == normal.stdout
+  stats = tmp_path / 'stats.json'
+  res = run('llm', APP, EXE, SYS, str(stats))
+  assert res.returncode == 0
+  import json
+  assert json.loads(stats.read_text())['total_time'] > 0
+  bad = run('llm', APP, EXE, SYS, str(tmp_path / 'no' / 's.json'))
+  assert bad.returncode == 2 and 'does not exist' in bad.stderr

@@ -635,13 +635,14 @@ def check_rules(columns, source='<execution>'):
     ConfigError: names the source, the execution (for batches), the field,
       its value and what is allowed.
   """
+  shape = columns.shape
   with np.errstate(divide='ignore'):
     for rule in RULES:
-      bad = np.broadcast_to(rule.bad(columns), columns.shape)
+      bad = np.broadcast_to(rule.bad(columns), shape)
       if bad.any():
         i = tuple(int(x) for x in np.argwhere(bad)[0])
         where = f' execution {i[0] if len(i) == 1 else i}:' \
-          if columns.shape not in ((), (1,)) else ''
+          if shape not in ((), (1,)) else ''
         field = rule.field
         raise ConfigError(
           f"{source}:{where} field '{field}' {rule.message(columns, i)}",
