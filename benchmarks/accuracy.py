@@ -25,24 +25,16 @@ sys.path.insert(0, ROOT)
 
 
 def markdown(summary):
-  def pct(v):
-    return '' if v is None or v != v else f'{v:.1f} %'
-
-  def share(v):
-    return '' if v is None or v != v else f'{100 * v:.0f} %'
-
-  def signed(v):
-    return '' if v is None or v != v else f'{v:+.1f} %'
+  """docs/accuracy.md's table of a cross-validation summary."""
+  from calculon.validation.calibrate import cv_cells
   lines = ['| source | runs | before: median \\|d\\| | within 10 % | '
            'within 20 % | bias | after: median \\|d\\| | within 10 % | '
            'within 20 % | bias |', '|---|---|---|---|---|---|---|---|---|---|']
+  cells = cv_cells(summary, ' %')
   for name, r in summary.iterrows():
-    lines.append(
-      f"| {'**overall**' if name == 'overall' else name} | {int(r['rows'])} | "
-      f"{pct(r['before_median_abs'])} | {share(r['before_within_10'])} | "
-      f"{share(r['before_within_20'])} | {signed(r['before_bias'])} | "
-      f"{pct(r['after_median_abs'])} | {share(r['after_within_10'])} | "
-      f"{share(r['after_within_20'])} | {signed(r['after_bias'])} |")
+    row = [str(c[name]) for c in cells]
+    lines.append(f"| {'**overall**' if name == 'overall' else name} | "
+                 f"{int(r['rows'])} | " + ' | '.join(row) + ' |')
   return '\n'.join(lines)
 
 

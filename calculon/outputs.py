@@ -275,6 +275,22 @@ class _Temp:
 
 
 @contextlib.contextmanager
+def _committing(temp, rescue):
+  """Renames ``temp`` (a :class:`_Temp`) into place when the block ends
+  without an exception; otherwise removes it: an OSError becomes a
+  WriteError, anything else propagates unchanged."""
+  try:
+    yield
+  except OSError as err:
+    temp.abort()
+    raise WriteError(temp.path, err) from err
+  except BaseException:
+    temp.abort()
+    raise
+  temp.commit(rescue)
+
+
+@contextlib.contextmanager
 def atomic_path(path, *, rescue=False):
   """A temporary path in ``path``'s folder, renamed to ``path`` when the
   block ends without an exception.
@@ -296,15 +312,8 @@ def atomic_path(path, *, rescue=False):
       remove the temporary file and propagate unchanged.
   """
   temp = _Temp(path)
-  try:
+  with _committing(temp, rescue):
     yield temp.tmp
-  except OSError as err:
-    temp.abort()
-    raise WriteError(temp.path, err) from err
-  except BaseException:
-    temp.abort()
-    raise
-  temp.commit(rescue)
 
 
 @contextlib.contextmanager
@@ -330,18 +339,11 @@ def atomic_open(path, mode='wb', *, rescue=False, encoding='utf-8'):
   except BaseException:
     temp.abort()
     raise
-  try:
+  with _committing(temp, rescue):
     try:
       yield fobj
     finally:
       fobj.close()  # flushes: may raise (disk full)
-  except OSError as err:
-    temp.abort()
-    raise WriteError(temp.path, err) from err
-  except BaseException:
-    temp.abort()
-    raise
-  temp.commit(rescue)
 
 
 def ensure_dir(path):

@@ -1,5 +1,6 @@
 """Shared fixtures: paths, the reference's golden data, a CLI runner."""
 
+import csv
 import gzip
 import json
 import os
@@ -57,3 +58,13 @@ def assert_png(path, min_bytes=10_000):
   assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
   colors = np.unique(image.reshape(-1, image.shape[2]).round(2), axis=0)
   assert len(colors) > 20, f'{path}: looks blank ({len(colors)} colors)'
+
+
+def write_csv(path, rows):
+  """Writes ``rows`` (dicts with the same keys) as a CSV file; returns the
+  path as a string."""
+  with open(path, 'w', newline='') as fd:
+    writer = csv.DictWriter(fd, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+  return str(path)

@@ -18,7 +18,7 @@ from calculon.llm import evaluate_columns
 from calculon.validation import calibrate as C
 from calculon.validation import mapping as M
 from calculon.validation import published as P
-from conftest import ROOT, load_json, repo, run_cli
+from conftest import ROOT, load_json, repo, run_cli, write_csv
 
 H100 = load_json(repo('systems', 'h100_sxm_80g.json'))
 #: Known parameters the synthetic runs are made with.
@@ -52,27 +52,19 @@ def synthetic_rows():
   return rows
 
 
-def write_rows(path, rows):
-  with open(path, 'w', newline='') as fd:
-    writer = csv.DictWriter(fd, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-  return str(path)
-
-
 @pytest.fixture(scope='module')
 def synthetic(tmp_path_factory):
   """A CSV of runs 'measured' by the model itself on the H100 file with
   the parameters TRUTH."""
   path = tmp_path_factory.mktemp('synthetic') / 'runs.csv'
   rows = synthetic_rows()
-  write_rows(path, rows)
+  write_csv(path, rows)
   suite = P.Suite(ROOT, [str(path)])
   for row, case in zip(rows, suite.cases):
     assert case.expressible and case.candidates() == 1, case.missing
     t, _ = C.exact_prediction(case, H100, TRUTH)
     row['measured_value'] = repr(t)
-  return write_rows(path, rows)
+  return write_csv(path, rows)
 
 
 def test_scaled_system_is_the_written_file():
@@ -137,7 +129,7 @@ def test_held_out_runs_never_inform_their_prediction(synthetic, tmp_path):
       row['measured_value'] = repr(3 * float(row['measured_value']))
   frames = []
   for name, data in (('rows.csv', rows), ('changed.csv', changed)):
-    path = write_rows(tmp_path / name, data)
+    path = write_csv(tmp_path / name, data)
     prepared = C.prepare(P.Suite(ROOT, [path]))
     frames.append(C.cross_validate(prepared, 'source',
                                    names=['matrix', 'net1']).set_index('id'))
@@ -148,7 +140,7 @@ def test_held_out_runs_never_inform_their_prediction(synthetic, tmp_path):
   assert not np.allclose(a['delta_after_pct'], b['delta_after_pct'])
   # ... and equal a calibration on the other sources alone.
   rest = [r for r in rows if r['source_group'] != 'A']
-  prepared = C.prepare(P.Suite(ROOT, [write_rows(tmp_path / 'rest.csv',
+  prepared = C.prepare(P.Suite(ROOT, [write_csv(tmp_path / 'rest.csv',
                                                  rest)]))
   theta, how = C._fold_theta(prepared.runs, 'h100_sxm_80g',
                              ['matrix', 'net1'], C.PRIOR_SIGMA)

@@ -12,7 +12,7 @@ from calculon.errors import ConfigError
 from calculon.validation import conventions as CV
 from calculon.validation import mapping as M
 from calculon.validation import published as P
-from conftest import ROOT, SHARED, assert_png, repo, run_cli
+from conftest import ROOT, SHARED, assert_png, repo, run_cli, write_csv
 
 
 @pytest.fixture(scope='module')
@@ -32,14 +32,6 @@ def case(suite, case_id):
 def shared_rows(name='published_runs.csv'):
   with open(repo('validation', name), newline='') as fd:
     return list(csv.DictReader(fd))
-
-
-def write_csv(path, rows):
-  with open(path, 'w', newline='') as fd:
-    writer = csv.DictWriter(fd, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-  return str(path)
 
 
 def test_bundled_runs_are_the_shared_files():

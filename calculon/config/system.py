@@ -194,6 +194,12 @@ class OverheadConfig:
     return cls(**values)
 
 
+#: Optional efficiency fields of a system, (0, 1]; absent means 1 (priced
+#: as a dense GEMM): fused attention kernels, grouped expert GEMMs.
+OPTIONAL_EFFICIENCIES = ('fused_attention_efficiency',
+                         'grouped_gemm_efficiency')
+
+
 @dataclass(frozen=True)
 class SystemConfig:
   """A whole system: matrix and vector engines, two memory tiers, networks,
@@ -239,12 +245,9 @@ class SystemConfig:
                      for i, n in enumerate(nets))
     overhead = OverheadConfig.read(reader, 'overhead') \
       if 'overhead' in cfg else None
-    fused = reader.get('fused_attention_efficiency', Spec(
-      'number', lo=0, lo_open=True, hi=1)) \
-      if 'fused_attention_efficiency' in cfg else None
-    grouped = reader.get('grouped_gemm_efficiency', Spec(
-      'number', lo=0, lo_open=True, hi=1)) \
-      if 'grouped_gemm_efficiency' in cfg else None
+    fused, grouped = (
+      float(reader.get(name, Spec('number', lo=0, lo_open=True, hi=1)))
+      if name in cfg else None for name in OPTIONAL_EFFICIENCIES)
     reader.finish()
     if set(matrix.peak_flops) != set(vector.peak_flops):
       diff = sorted(set(matrix.peak_flops) ^ set(vector.peak_flops))
@@ -253,6 +256,5 @@ class SystemConfig:
         'given for both the matrix and the vector engine',
         source=source, field='matrix', value=diff[0],
         allowed='the same datatypes in matrix and vector')
-    return cls(matrix, vector, mem1, mem2, mode, networks, overhead,
-               None if fused is None else float(fused),
-               None if grouped is None else float(grouped))
+    return cls(matrix, vector, mem1, mem2, mode, networks, overhead, fused,
+               grouped)

@@ -198,14 +198,20 @@ class Evaluation:
                       self.blocks_per_proc)
 
   @cached_property
+  def block_input_split(self):
+    """True where a block's input and output travel sequence-sharded over
+    the TP ranks (tensor_par_comm_type rs_ag or p2p_rs_ag)."""
+    return self.exe.tensor_par_comm_type != TP_COMM_AR
+
+  @cached_property
   def block_act_checkpoint_bytes(self):
     """Activation checkpoint of one block: its input, kept with full
     recomputation when training (Chen et al. 2016); with
     ``checkpoint_layout`` 'as_input' and sequence parallelism, the
     sequence-sharded input each TP rank holds (Megatron-LM checkpoints the
     block's input tensor, [s/t, b, h] with --sequence-parallel)."""
-    sharded = (self.exe.checkpoint_layout == CHECKPOINT_AS_INPUT) & (
-      self.exe.tensor_par_comm_type != TP_COMM_AR)
+    sharded = (self.exe.checkpoint_layout == CHECKPOINT_AS_INPUT) & \
+      self.block_input_split
     elems = np.where(sharded, self.seq_par_activation_elems,
                      self.activation_elems)
     return np.where(self.training & self.full_recompute,
@@ -274,8 +280,7 @@ class Evaluation:
   def block_fw_pp_bytes(self):
     """Activation sent to the next stage after each chunk (sequence-sharded
     with rs_ag/p2p_rs_ag)."""
-    split = self.exe.tensor_par_comm_type != TP_COMM_AR
-    size = np.where(split, self.seq_par_activation_elems,
+    size = np.where(self.block_input_split, self.seq_par_activation_elems,
                     self.activation_elems) * self.io_bytes
     return np.where(self.pp > 1, size, 0)
 

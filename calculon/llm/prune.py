@@ -288,7 +288,7 @@ def search_group(spec, group, top_n, threshold_of):
     full grid; ``pruned`` = valid executions not priced).
   """
   from calculon.llm.search import (
-    ChunkResult, Chunk, columns, valid_mask, merge_best, _count_valid,
+    ChunkResult, Chunk, columns, valid_mask, _count_valid,
     reduced_group)
   res = ChunkResult()
   axes = group.axes
@@ -416,18 +416,7 @@ def search_group(spec, group, top_n, threshold_of):
       rate, reason = rate.reshape(-1)[ok], reason.reshape(-1)[ok]
       if not len(full):
         continue
-      feasible = reason == OK
-      res.evaluated += len(full)
-      res.feasible += int(feasible.sum())
-      codes, n = np.unique(reason[~feasible], return_counts=True)
-      for c, m in zip(codes, n):
-        res.reasons[int(c)] = res.reasons.get(int(c), 0) + int(m)
-      if feasible.any():
-        flat = np.ravel_multi_index(full[feasible].T, group.shape)
-        vals = rate[feasible]
-        best = np.lexsort((flat, -vals))[:top_n]
-        res.best = merge_best(res.best, [
-          (float(vals[o]), group.index, int(flat[o])) for o in best], top_n)
+      res.add(group, full, rate, reason, top_n)
       priced += len(full)
   res.pruned = res.total - res.evaluated
   return res

@@ -408,6 +408,24 @@ class ChunkResult:
   best: list = field(default_factory=list)
   pruned: int = 0
 
+  def add(self, group, cells, rate, reason, top_n):
+    """Counts executions priced at the grid indices ``cells`` (int array
+    (n, axes)) of ``group``, with their sample rates and reason codes
+    (arrays (n,)), and keeps the ``top_n`` best feasible ones (ties by
+    flat index, Calculon's order)."""
+    feasible = reason == OK
+    self.evaluated += len(cells)
+    self.feasible += int(feasible.sum())
+    codes, n = np.unique(reason[~feasible], return_counts=True)
+    for c, m in zip(codes, n):
+      self.reasons[int(c)] = self.reasons.get(int(c), 0) + int(m)
+    if feasible.any():
+      flat = np.ravel_multi_index(cells[feasible].T, group.shape)
+      vals = rate[feasible]
+      order = np.lexsort((flat, -vals))[:top_n]
+      self.best = merge_best(self.best, [
+        (float(vals[o]), group.index, int(flat[o])) for o in order], top_n)
+
 
 def _rate_reason(spec, chunk, ev=None):
   """Sample rates and reason codes of a chunk (arrays of ``chunk.shape``).
@@ -530,18 +548,7 @@ def evaluate_reduced_chunk(spec, chunk, top_n, threshold, group):
       if not len(part):
         continue
       rate, reason = P.price_flat(spec, pcols)
-      feasible = reason == OK
-      res.evaluated += len(part)
-      res.feasible += int(feasible.sum())
-      codes, n = np.unique(reason[~feasible], return_counts=True)
-      for c, m in zip(codes, n):
-        res.reasons[int(c)] = res.reasons.get(int(c), 0) + int(m)
-      if feasible.any():
-        flat = np.ravel_multi_index(part[feasible].T, group.shape)
-        vals = rate[feasible]
-        order = np.lexsort((flat, -vals))[:top_n]
-        res.best = merge_best(res.best, [
-          (float(vals[o]), group.index, int(flat[o])) for o in order], top_n)
+      res.add(group, part, rate, reason, top_n)
   res.pruned = res.total - res.evaluated
   return res
 

@@ -978,27 +978,36 @@ def cv_summary(frame):
   return pd.DataFrame.from_dict(rows, orient='index')
 
 
+#: Columns of :func:`cv_summary` as printed: (column, kind, text header).
+CV_COLUMNS = (
+  ('before_median_abs', 'pct', 'before |d| med'),
+  ('before_within_10', 'share', '<=10%'),
+  ('before_within_20', 'share', '<=20%'),
+  ('before_bias', 'signed', 'bias'),
+  ('after_median_abs', 'pct', 'after |d| med'),
+  ('after_within_10', 'share', '<=10% '),
+  ('after_within_20', 'share', '<=20% '),
+  ('after_bias', 'signed', 'bias '))
+
+
+def cv_cells(summary, unit='%'):
+  """The cells of :func:`cv_summary` as text, one Series per entry of
+  :data:`CV_COLUMNS` (blank for a missing value); ``unit`` follows each
+  number ('%', or ' %' for docs/accuracy.md)."""
+  fmt = {'pct': lambda v: f'{v:.1f}{unit}',
+         'share': lambda v: f'{100 * v:.0f}{unit}',
+         'signed': lambda v: f'{v:+.1f}{unit}'}
+  return [summary[col].map(
+    lambda v, f=fmt[kind]: '' if v is None or v != v else f(v))
+    for col, kind, _ in CV_COLUMNS]
+
+
 def format_cv(summary, title):
   """Text table of :func:`cv_summary`."""
-  def pct(v):
-    return '' if v is None or v != v else f'{v:.1f}%'
-
-  def share(v):
-    return '' if v is None or v != v else f'{100 * v:.0f}%'
-
-  def signed(v):
-    return '' if v is None or v != v else f'{v:+.1f}%'
   import pandas as pd
-  show = pd.DataFrame({
-    'rows': summary['rows'],
-    'before |d| med': summary['before_median_abs'].map(pct),
-    '<=10%': summary['before_within_10'].map(share),
-    '<=20%': summary['before_within_20'].map(share),
-    'bias': summary['before_bias'].map(signed),
-    'after |d| med': summary['after_median_abs'].map(pct),
-    '<=10% ': summary['after_within_10'].map(share),
-    '<=20% ': summary['after_within_20'].map(share),
-    'bias ': summary['after_bias'].map(signed)})
+  show = pd.DataFrame({'rows': summary['rows'], **{
+    head: cells for (_, _, head), cells in zip(CV_COLUMNS,
+                                               cv_cells(summary))}})
   return f'{title}\n{show.to_string()}'
 
 

@@ -132,19 +132,33 @@ def _regex(path, where, text):
     _fail(path, where, text, f'a valid regular expression ({err})')
 
 
-def _table(path, doc, name, keys):
+def _entries(path, doc, name, what):
+  """(where, entry) of the list ``doc[name]`` (absent: empty).
+
+  Raises:
+    ConfigError: not a list.
+  """
   raw = doc.get(name, [])
   if not isinstance(raw, list):
-    _fail(path, name, raw, 'a list of entries')
+    _fail(path, name, raw, f'a list of {what}')
+  return [(f'{name}[{i}]', entry) for i, entry in enumerate(raw)]
+
+
+def _check_keys(path, where, entry, allowed):
+  """Raises ConfigError naming the first key of ``entry`` not in
+  ``allowed``."""
+  unknown = sorted(set(entry) - set(allowed))
+  if unknown:
+    _fail(path, f'{where}.{unknown[0]}', entry[unknown[0]],
+          'one of ' + ', '.join(sorted(allowed)))
+
+
+def _table(path, doc, name, keys):
   out = []
-  for i, entry in enumerate(raw):
-    where = f'{name}[{i}]'
+  for where, entry in _entries(path, doc, name, 'entries'):
     if not isinstance(entry, dict) or 'match' not in entry:
       _fail(path, where, entry, "an object with a 'match' pattern")
-    unknown = sorted(set(entry) - set(keys) - {'match', 'why'})
-    if unknown:
-      _fail(path, f'{where}.{unknown[0]}', entry[unknown[0]],
-            'one of ' + ', '.join(sorted(set(keys) | {'match', 'why'})))
+    _check_keys(path, where, entry, set(keys) | {'match', 'why'})
     item = dict(entry)
     item['match'] = _regex(path, f'{where}.match', entry['match'])
     out.append(item)
@@ -172,22 +186,15 @@ def _check_setting(path, where, key, value):
 
 
 def _rules(path, doc, name, text_key=None):
-  raw = doc.get(name, [])
-  if not isinstance(raw, list):
-    _fail(path, name, raw, 'a list of rules')
   out = []
-  for i, entry in enumerate(raw):
-    where = f'{name}[{i}]'
+  for where, entry in _entries(path, doc, name, 'rules'):
     if not isinstance(entry, dict) or not isinstance(entry.get('match'),
                                                      dict):
       _fail(path, where, entry, "an object with a 'match' object of column "
             'patterns')
-    allowed = {'name', 'match', 'set', 'why', 'any'} if text_key is None \
-      else {'match', 'text', 'any'}
-    unknown = sorted(set(entry) - allowed)
-    if unknown:
-      _fail(path, f'{where}.{unknown[0]}', entry[unknown[0]],
-            'one of ' + ', '.join(sorted(allowed)))
+    _check_keys(path, where, entry,
+                {'name', 'match', 'set', 'why', 'any'} if text_key is None
+                else {'match', 'text', 'any'})
     match = {}
     for col, pattern in entry['match'].items():
       if col not in MATCH_COLUMNS:

@@ -31,6 +31,7 @@ from calculon.config.execution import (
   MOE_OVERLAP_NAMES, PRECISION_RECIPE_NAMES, RECOMPUTE_FULL,
   RECOMPUTE_NAMES, SHARDING_NAMES, TP_COMM_NAMES, TP_COMM_RS_AG,
   TP_OVERLAP_NAMES)
+from calculon.config.system import OPTIONAL_EFFICIENCIES
 from calculon.errors import ConfigError
 from calculon.io import read_json_file
 
@@ -257,11 +258,6 @@ def _load_system(base_dir, name, cache):
   return cache[name]
 
 
-#: Optional system fields that mean 1 when absent (a ``{'times': x}``
-#: change of an absent one sets it to x).
-_ABSENT_IS_ONE = ('fused_attention_efficiency', 'grouped_gemm_efficiency')
-
-
 def apply_system_set(cfg, changes):
   """A copy of system JSON ``cfg`` with dotted-path ``changes`` applied
   (``mem1.GiB``, ``networks[0].size``...).  A value ``{'times': x}``
@@ -281,8 +277,10 @@ def apply_system_set(cfg, changes):
       last = i == len(parts) - 1
       try:
         if last and isinstance(value, dict) and 'times' in value:
-          current = obj[key] if key not in _ABSENT_IS_ONE else \
-            obj.get(key)   # must exist, unless absent means 1
+          # Must exist, unless absent means 1 (a ``{'times': x}`` change
+          # of an absent optional efficiency sets it to x).
+          current = obj[key] if key not in OPTIONAL_EFFICIENCIES else \
+            obj.get(key)
           obj[key] = (1.0 if current is None else current) * value['times']
         elif last:
           obj[key]   # must exist
