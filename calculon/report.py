@@ -61,7 +61,7 @@ class RunData:
   def from_model(cls, model):
     """From a run :class:`calculon.llm.Llm` (compiled and run)."""
     return cls(model.app.config, model.exe.config, model.sys,
-               model.get_stats_json(True), model.get_extra_stats_json())
+               model.get_stats_json('summary'), model.get_extra_stats_json())
 
   # -- tables (lists of rows) ------------------------------------------------
   def speed(self):

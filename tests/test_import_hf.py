@@ -355,7 +355,7 @@ def test_output_is_checked_before_work(tmp_path):
   config = write(tmp_path, LLAMA3_8B)
   (tmp_path / 'dir.json').mkdir()
   for bad, text in ((tmp_path / 'missing' / 'a.json', 'does not exist'),
-                    (tmp_path / 'a.txt', 'output must be \*.json'),
+                    (tmp_path / 'a.txt', r'output must be \*.json'),
                     (tmp_path / 'dir.json', 'is a folder, not a file'),
                     (config, 'overwrite the input')):
     with pytest.raises(ConfigError, match=text):

@@ -188,3 +188,24 @@ def test_compare_measured_bad_log(tmp_path):
   log.write_text('step,loss\n1,2.0\n')
   res = run_cli('compare-measured', log, APP, EXE, SYS)
   assert res.returncode == 2 and 'step-time column' in res.stderr
+
+
+@pytest.mark.parametrize('changes', [{}, {'tensor_par_overlap': 'ring',
+                                          'pipeline_par': 16, 'data_par': 48,
+                                          'weight_offload': True,
+                                          'optimizer_offload': True}])
+def test_layer_summary_is_the_full_layer_stats_restricted(changes):
+  """The reports' model summary reads only layer_summary_json's keys, with
+  the values of the full per-layer statistics (``calculon llm -l``)."""
+  exe = load_json(EXE)
+  exe.update(changes)
+  model = run_model(exe)
+  full = model.get_stats_json(True)['layers']
+  summary = model.get_stats_json('summary')['layers']
+  assert len(summary) == len(full) > 10
+  for s, f in zip(summary, full):
+    assert s == {k: f[k] for k in s}
+  base = dict(model.get_stats_json(False), layers=full)
+  data = RunData.from_model(model)
+  assert data.layers() == RunData(data.app, data.exe, data.system, base,
+                                  data.extra).layers()

@@ -43,8 +43,8 @@ must then be ``qk_nope_head_dim + qk_rope_head_dim``.
 """
 
 from collections import OrderedDict
-from dataclasses import dataclass
 
+from calculon.config._record import frozen_record
 from calculon.config._schema import Reader, Spec, show
 from calculon.errors import ConfigError
 
@@ -94,7 +94,7 @@ MLA_FIELDS = ('kv_lora_rank', 'qk_nope_head_dim', 'qk_rope_head_dim',
               'v_head_dim')
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Application:
   """Shape of a decoder-only transformer.
 

@@ -14,10 +14,11 @@ num_procs``, the batch divides evenly...) are written once, vectorized, in
 :data:`RULES`; a single JSON execution is checked as a batch of one.
 """
 
-from dataclasses import dataclass, asdict
+from dataclasses import asdict
 
 import numpy as np
 
+from calculon.config._record import frozen_record
 from calculon.config._schema import Reader, Spec, show
 from calculon.errors import ConfigError
 
@@ -147,7 +148,7 @@ def sharding_code(optimizer_sharding, data_par_sharding):
                   data_par_sharding)
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Execution:
   """One execution strategy, as in Calculon's execution JSON.
 
@@ -500,7 +501,7 @@ def _labels(names, codes):
   return table[np.where(codes == UNSET, len(names), codes)]
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Rule:
   """One consistency rule between execution fields.
 

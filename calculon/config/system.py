@@ -5,7 +5,7 @@ Units follow Calculon's JSON: TFLOP/s and GFLOP thresholds for processors
 for memories, GB/s (SI) bandwidth and seconds of latency for networks.
 """
 
-from dataclasses import dataclass
+from calculon.config._record import frozen_record
 
 from calculon.config._schema import Reader, Spec
 from calculon.config.execution import DATATYPE_NAMES
@@ -22,7 +22,7 @@ COLLECTIVES = ('reduce_scatter', 'all_gather', 'all_reduce', 'all_to_all')
 OPTIONAL_OPS = {'all_to_all': (1.0, -1.0)}
 
 
-@dataclass(frozen=True)
+@frozen_record
 class EfficiencyCurve:
   """A step function size -> efficiency.
 
@@ -63,7 +63,7 @@ class EfficiencyCurve:
     return cls(tuple(points))
 
 
-@dataclass(frozen=True)
+@frozen_record
 class ProcessorConfig:
   """Peak FLOP/s and efficiency curve per datatype for one engine.
 
@@ -94,7 +94,7 @@ class ProcessorConfig:
     return cls(peak, eff)
 
 
-@dataclass(frozen=True)
+@frozen_record
 class MemoryConfig:
   """One memory tier.
 
@@ -117,7 +117,7 @@ class MemoryConfig:
     return cls(cap, bw, eff)
 
 
-@dataclass(frozen=True)
+@frozen_record
 class NetworkConfig:
   """One network tier.
 
@@ -170,7 +170,7 @@ class NetworkConfig:
                float(usage))
 
 
-@dataclass(frozen=True)
+@frozen_record
 class OverheadConfig:
   """Fixed costs of a training step the layers do not account for: host
   work (kernel launches, Python, the data loader, logging, the gradient-norm
@@ -200,7 +200,7 @@ OPTIONAL_EFFICIENCIES = ('fused_attention_efficiency',
                          'grouped_gemm_efficiency')
 
 
-@dataclass(frozen=True)
+@frozen_record
 class SystemConfig:
   """A whole system: matrix and vector engines, two memory tiers, networks,
   and (optional) fixed overheads (:class:`OverheadConfig`; None when the

@@ -29,7 +29,7 @@ from calculon.llm.engine import evaluate_columns
 from calculon.llm.model import MEM1_TOO_SMALL, MEM2_TOO_SMALL, OK
 from calculon.llm.stats import (
   CALCULON_STAT_NAMES, STATS, STAT_NAMES, EXTRA_STATS, stat_value)
-from calculon.llm.layer_stats import layer_stats_json
+from calculon.llm.layer_stats import layer_stats_json, layer_summary_json
 from calculon.llm.space import (
   factors, tensor_parallelisms, pipeline_parallelisms, data_parallelism,
   pipeline_interleavings, microbatch_sizes, can_redo_ag)
@@ -231,10 +231,14 @@ class Llm:
 
   def get_stats_json(self, include_layers=False):
     """dict of every statistic (and per-layer statistics if asked):
-    Calculon's, and for a run with modern features the modern ones."""
+    Calculon's, and for a run with modern features the modern ones.
+    ``include_layers='summary'`` gives each layer only the keys that the
+    reports' model summary reads (:func:`layer_summary_json`)."""
     out = dict(zip((s.name for s in self._stats), self.get_stats_values()))
     if include_layers:
-      out['layers'] = [layer_stats_json(layer) for layer in self._eval.layers]
+      per_layer = (layer_summary_json if include_layers == 'summary'
+                   else layer_stats_json)
+      out['layers'] = [per_layer(layer) for layer in self._eval.layers]
     return out
 
   def get_extra_stats_json(self):

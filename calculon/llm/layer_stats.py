@@ -25,6 +25,23 @@ def _intensity(flops, mem):
   return float(flops) / float(mem)
 
 
+def layer_summary_json(layer):
+  """The per-layer statistics the reports' model summary shows
+  (:meth:`calculon.report.RunData.layers`): the keys of
+  :func:`layer_stats_json` that it reads, with the same values, and none of
+  the others (a third of the work: the text report of ``calculon llm``
+  computes it for every layer of the block)."""
+  out = {'name': layer.name, 'parameters': _num(layer.weights),
+         'fw_mem_accessed': _num(layer.mem_bytes('fw'))}
+  for stage in ('fw', 'agrad', 'wgrad'):
+    out[f'{stage}_flops'] = _num(layer.flops(stage))
+    out[f'{stage}_processing_time'] = _num(layer.processing_time_s(stage))
+  for stage, comm in (('fw', 'fw_tp_comm'), ('agrad', 'bw_tp_comm')):
+    out[f'baseblock_{comm}_time'] = _num(layer.net_time_s(stage, False))
+  out['activation'] = _num(layer.activation_bytes())
+  return out
+
+
 def layer_stats_json(layer):
   """Calculon's per-layer statistics dict for one layer of a single run.
 
