@@ -475,3 +475,75 @@ def test_mlperf_gpt3_175b_fits_in_80_gb(system):
   assert value(ev.mem1_bytes) < 80 * 2 ** 30
   old = evaluation(app, sysm, **dict(fields, attention_kernel='standard'))
   assert not bool(old.feasible)
+
+
+# -- rails: data-parallel collectives over the NICs of a node ---------------------
+def _system(name, rails='file'):
+  """A bundled system; ``rails``: the file's, None (left out) or a value."""
+  cfg = read_json_file(f'{ROOT}/systems/{name}.json')
+  if rails is None:
+    cfg['networks'][1].pop('rails', None)
+  elif rails != 'file':
+    cfg['networks'][1]['rails'] = rails
+  return System(cfg)
+
+
+def _dp_transfer_s(system, tp, dp, sharding='optimizer'):
+  """Seconds of one block's DP collectives minus their latencies."""
+  ev = evaluation(llama(), system=system, tensor_par=tp, data_par=dp,
+                  tensor_par_net=0, data_par_net=1, batch_size=dp,
+                  datatype='bfloat16', data_par_sharding=sharding)
+  lat = 2 * system.networks.latency_s[1]
+  return value(ev.block_dp_time_s) - lat
+
+
+@pytest.mark.parametrize('tp,share', [(1, 1 / 8), (2, 1 / 4), (4, 1 / 2),
+                                      (8, 1.0)])
+def test_rails_spread_dp_collectives_over_the_nodes_nics(tp, share):
+  """An 8-GPU H100 node with one 400 Gb/s NIC per GPU (rails 8): a DP
+  group with 8 / TP ranks per node crosses the network over 8 / TP NICs
+  at once (NCCL rings cross each node once per channel, one NIC each:
+  NVIDIA/nccl #601; two nodes reach 8 x 45 GB/s of all-reduce bus
+  bandwidth, #1277): 1 / (8 / TP) of the time of Calculon's model, in
+  which every rank sends its whole share over its own NIC.  NVLink
+  (450 GB/s x 0.8) is faster than 8 NICs (8 x 50 GB/s x 0.75) here, so it
+  does not bind; TP 8 leaves one rank per node: Calculon's time exactly."""
+  flat = _dp_transfer_s(_system('h100_sxm_80g', rails=None), tp, 32)
+  railed = _dp_transfer_s(_system('h100_sxm_80g'), tp, 32)
+  assert railed == pytest.approx(share * flat, rel=1e-12)
+  if tp == 8:
+    assert railed == flat
+
+
+def test_rails_are_capped_by_the_ring_hops_inside_the_domain():
+  """GB200 NVL72: 64 DP ranks in one 72-GPU NVLink domain, DP on the
+  network tier: 64 NICs would move 64 x 37.5 GB/s, but every ring hop
+  inside the rack runs over NVLink at 900 x 0.8 GB/s, which binds."""
+  flat = _dp_transfer_s(_system('gb200_nvl72', rails=None), 1, 64)
+  railed = _dp_transfer_s(_system('gb200_nvl72'), 1, 64)
+  assert railed == pytest.approx(flat * (50e9 * 0.75) / (900e9 * 0.8),
+                                 rel=1e-12)
+
+
+def test_rails_apply_to_fsdp_gathers_and_never_slow_a_run():
+  """FSDP all-gathers / reduce-scatters use the same rule; more rails (or
+  more ranks per node) never make a collective slower."""
+  times = []
+  for rails in (None, 1, 2, 4, 8, 16):
+    ev = evaluation(llama(), system=_system('h100_sxm_80g', rails),
+                    tensor_par=1, data_par=16, tensor_par_net=0,
+                    data_par_net=1, batch_size=16, datatype='bfloat16',
+                    data_par_sharding='parameters')
+    times.append((value(ev.block_fsdp_fw_s), value(ev.block_fsdp_bw_s),
+                  value(ev.total_time_s)))
+  assert times[0] == times[1]                   # rails 1: Calculon's model
+  for slower, faster in zip(times, times[1:]):
+    assert all(f <= s for s, f in zip(slower, faster))
+  assert times[4][0] < times[0][0] / 4          # 8 NICs (latency aside)
+
+
+def test_bad_rails_is_a_one_line_error():
+  cfg = read_json_file(f'{ROOT}/systems/h100_sxm_80g.json')
+  cfg['networks'][1]['rails'] = 0
+  with pytest.raises(ConfigError, match=r"networks\[1\]\.rails' = 0 .*>= 1"):
+    System(cfg, 'h100.json')

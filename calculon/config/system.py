@@ -129,6 +129,17 @@ class NetworkConfig:
     moves n * scalar * (1 + offset / p) bytes (offset 0 for p2p).
   must_be_filled: a parallelism using it must divide its size.
   processor_usage: fraction of compute used to drive communication, [0, 1).
+  rails: optional JSON ``rails`` (integer >= 1; absent: 1, Calculon's
+    model): how many processors of one domain of the tier below (a node)
+    drive this tier in parallel for one collective, each over its own link
+    -- one NIC per GPU on a rail-optimized fabric.  NCCL splits a
+    reduce-scatter, all-gather or all-reduce into rings (channels) that
+    cross this tier once per node, each on a different NIC, and balances
+    the crossing traffic over the node's NICs through NVLink (NVIDIA/nccl
+    issue #601, S. Jeaugey: "we can use NVLink to split the operations in
+    N parts then balance the traffic onto the N NICs"); two 8-GPU HGX H100
+    nodes reach 360 GB/s of all-reduce bus bandwidth, 8 x 45 GB/s (NVIDIA/nccl
+    issue #1277).  See :meth:`calculon.hardware.network.Networks.collective_time_s`.
   """
   bandwidth_bytes_per_s: float
   efficiency: float
@@ -137,6 +148,7 @@ class NetworkConfig:
   ops: dict
   must_be_filled: bool
   processor_usage: float
+  rails: int = 1
 
   @classmethod
   def read(cls, obj, source, path):
@@ -165,9 +177,10 @@ class NetworkConfig:
     ops_reader.finish()
     filled = sub.get('must_be_filled', Spec('bool'))
     usage = sub.get('processor_usage', Spec('number', lo=0, hi=1, hi_open=True))
+    rails = int(sub.get('rails', Spec('int', lo=1))) if 'rails' in obj else 1
     sub.finish()
     return cls(bw, float(eff), int(size), float(latency), ops, filled,
-               float(usage))
+               float(usage), rails)
 
 
 @frozen_record

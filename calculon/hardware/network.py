@@ -52,6 +52,8 @@ class Networks:
                    for op in NETWORK_OPS}
     self.offset = {op: np.array([c.ops[op][1] for c in cfgs])
                    for op in NETWORK_OPS}
+    self.rails = np.array([c.rails for c in cfgs], dtype=np.int64)
+    self.has_rails = bool(np.any(self.rails[1:] > 1))
 
   def __len__(self):
     return len(self.tiers)
@@ -67,7 +69,50 @@ class Networks:
     """
     size = op_bytes * self.scalar[op][tier]
     size = size + (1 / peers * size) * self.offset[op][tier]
-    return self.latency_s[tier] + size / self.effective_bw[tier]
+    return self.latency_s[tier] + size / self.rate(tier)
+
+  def rate(self, tier):
+    """Bytes per second a processor moves on tier ``tier`` (bandwidth x
+    efficiency; array or scalar index)."""
+    return self.effective_bw[tier]
+
+  def collective_time_s(self, op, op_bytes, peers, tier, peers_per_domain):
+    """:meth:`time_s` of a collective whose ``peers`` include
+    ``peers_per_domain`` processors in each domain of the tier below
+    ``tier`` (a node), on a tier with ``rails`` (its config): the ``g =
+    min(peers_per_domain, rails)`` processors of a domain carry the traffic
+    that crosses ``tier`` in parallel, each over its own link, while every
+    ring hop inside the domain runs on the tier below at the same time:
+
+        latency[t] + max(n_t / (g * bw[t] * eff[t]),
+                         n_b / (bw[b] * eff[b]))
+
+    with ``n_t``, ``n_b`` the bytes per processor of the operation under
+    each tier's (scalar, offset) and ``b = t - 1`` (NCCL rings cross the
+    node boundary once per node and channel, one NIC per channel; see
+    :class:`calculon.config.system.NetworkConfig`).  With ``g = 1``, on
+    tier 0, or on a tier without ``rails``, exactly :meth:`time_s`
+    (Calculon's model, where each processor's whole share crosses the
+    tier over its own link).
+
+    Args:
+      op: 'reduce_scatter', 'all_gather' or 'all_reduce'.
+      op_bytes, peers, tier: as :meth:`time_s`.
+      peers_per_domain: processors of the group in one domain of the tier
+        below (array or scalar, >= 1).
+    """
+    flat = self.time_s(op, op_bytes, peers, tier)
+    if not self.has_rails:
+      return flat
+    below = np.maximum(np.asarray(tier) - 1, 0)
+    g = np.maximum(np.minimum(peers_per_domain, self.rails[tier]), 1)
+    across = op_bytes * self.scalar[op][tier]
+    across = across + (1 / peers * across) * self.offset[op][tier]
+    inside = op_bytes * self.scalar[op][below]
+    inside = inside + (1 / peers * inside) * self.offset[op][below]
+    railed = self.latency_s[tier] + np.maximum(
+      across / (g * self.rate(tier)), inside / self.rate(below))
+    return np.where((np.asarray(tier) > 0) & (g > 1), railed, flat)
 
   def usage(self, tier):
     """Fraction of processor compute used to drive tier ``tier``."""

@@ -579,12 +579,43 @@ class Evaluation:
       return wb
     return np.where(unset, wb, we * self.grad_bytes)
 
-  def _dp_group_time_s(self, reduce, gather, dp):
+  def _dp_peers_per_domain(self, group, experts=False):
+    """Ranks of a data-parallel group (``group`` ranks on the DP tier ``t``)
+    inside one domain of tier ``t - 1`` (a node), for the system's
+    ``rails`` (:meth:`calculon.hardware.network.Networks.collective_time_s`).
+
+    Ranks are laid out as Megatron-Core orders them (``tp-cp-ep-dp-pp``,
+    TP innermost; routed experts ``etp-ep-dp-pp``; torchtitan's device mesh
+    ``[pp, dp, cp, tp]`` agrees): the parallelisms inside the group's ranks
+    (TP, and EP x ETP for the experts' group) fill a domain first, the
+    group's own ranks (DP x CP) the rest, PP is outermost.  So a domain of
+    ``S`` processors holds ``min(group, S // inner)`` of the group's ranks,
+    ``inner`` the product of those inner degrees and of PP when it sits
+    on a tier below ``t``; 1 when an inner parallelism spans tier ``t``
+    itself, or when the DP tier is tier 0."""
+    e, nets = self.exe, self.system.networks
+    tier = e.data_par_net
+    size = nets.size[np.maximum(tier - 1, 0)]
+    inner = [(self.tp, e.tensor_par_net)]
+    if experts:
+      inner = [(self.etp, e.tensor_par_net), (self.ep, e.expert_par_net)]
+    fill, spans = 1, False
+    for degree, net in inner:
+      on = degree > 1
+      fill = fill * np.where(on & (net < tier), degree, 1)
+      spans = spans | (on & (net >= tier))
+    fill = fill * np.where((self.pp > 1) & (e.pipeline_par_net < tier),
+                           self.pp, 1)
+    per_domain = np.minimum(group, np.maximum(size // fill, 1))
+    return np.where(spans | (tier == 0), 1, per_domain)
+
+  def _dp_group_time_s(self, reduce, gather, dp, experts=False):
     net, tier = self.system.networks, self.exe.data_par_net
+    g = self._dp_peers_per_domain(dp, experts) if net.has_rails else 1
     with np.errstate(divide='ignore', invalid='ignore'):
-      sharded = net.time_s('reduce_scatter', reduce, dp, tier) + \
-        net.time_s('all_gather', gather, dp, tier)
-      plain = net.time_s('all_reduce', reduce, dp, tier)
+      sharded = net.collective_time_s('reduce_scatter', reduce, dp, tier, g) \
+        + net.collective_time_s('all_gather', gather, dp, tier, g)
+      plain = net.collective_time_s('all_reduce', reduce, dp, tier, g)
     return np.where(dp > 1, np.where(self._sharded, sharded, plain), 0)
 
   def _dp_time_s(self, totals):
@@ -601,7 +632,7 @@ class Evaluation:
       t = self._dp_group_time_s(reduce, gather - totals.expert_weight_bytes,
                                 self.dpcp) + self._dp_group_time_s(
         self._grad_reduce_bytes(totals, True), totals.expert_weight_bytes,
-        self.edp)
+        self.edp, experts=True)
     return np.where(self._dp_active, t, 0)
 
   @cached_property
@@ -626,18 +657,19 @@ class Evaluation:
     backward (PyTorch FSDP FULL_SHARD; Megatron-FSDP
     ``optim_grads_params``), over the DP x CP ranks on the DP tier."""
     net, tier = self.system.networks, self.exe.data_par_net
-    groups = [(totals.weight_elems, self.dpcp)]
+    groups = [(totals.weight_elems, self.dpcp, False)]
     if self.app.is_moe:
-      groups = [(totals.weight_elems - totals.expert_weight_elems, self.dpcp),
-                (totals.expert_weight_elems, self.edp)]
+      groups = [(totals.weight_elems - totals.expert_weight_elems, self.dpcp,
+                 False), (totals.expert_weight_elems, self.edp, True)]
     ag = rs = 0.0
     with np.errstate(divide='ignore', invalid='ignore'):
-      for elems, dp in groups:
+      for elems, dp, experts in groups:
         on = dp > 1
-        ag = ag + np.where(on, net.time_s('all_gather', elems * self.io_bytes,
-                                          dp, tier), 0)
-        rs = rs + np.where(on, net.time_s(
-          'reduce_scatter', elems * self.grad_bytes, dp, tier), 0)
+        g = self._dp_peers_per_domain(dp, experts) if net.has_rails else 1
+        ag = ag + np.where(on, net.collective_time_s(
+          'all_gather', elems * self.io_bytes, dp, tier, g), 0)
+        rs = rs + np.where(on, net.collective_time_s(
+          'reduce_scatter', elems * self.grad_bytes, dp, tier, g), 0)
     return np.where(self.fsdp, ag, 0), np.where(self.fsdp & self.training,
                                                 rs, 0)
 

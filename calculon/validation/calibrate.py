@@ -53,6 +53,7 @@ import numpy as np
 from calculon.config.execution import DATATYPE_NAMES, NARROW_DATATYPES
 from calculon.errors import ConfigError
 from calculon.hardware import System
+from calculon.hardware.network import Networks
 
 #: Names and meanings of the calibration parameters (``netN`` for any
 #: tier N).
@@ -260,35 +261,22 @@ class _ScaledMemory:
     return op_bytes / (self.bandwidth_bytes_per_s * eff)
 
 
-class _ScaledNetworks:
-  """Network tiers with each tier's efficiency multiplied by its scale."""
+class _ScaledNetworks(Networks):
+  """Network tiers with each tier's efficiency multiplied by its scale
+  (capped at 1): :class:`Networks` with its :meth:`rate` scaled."""
 
   def __init__(self, base, scales):
-    self.base = base
-    self.tiers = base.tiers
-    self.size = base.size
-    self.must_be_filled = base.must_be_filled
-    self.processor_usage = base.processor_usage
-    self.latency_s = base.latency_s
-    self.scalar, self.offset = base.scalar, base.offset
+    self.__dict__.update(base.__dict__)
     self.scales = scales
     self.bw = np.array([t.bandwidth_bytes_per_s for t in base.tiers])
     self.eff = np.array([t.efficiency for t in base.tiers])
 
-  def __len__(self):
-    return len(self.tiers)
-
-  def usage(self, tier):
-    return self.base.usage(tier)
-
-  def time_s(self, op, op_bytes, peers, tier):
-    size = op_bytes * self.scalar[op][tier]
-    size = size + (1 / peers * size) * self.offset[op][tier]
+  def rate(self, tier):
     rate = 0.0
     for t in range(len(self.tiers)):
       eff = np.minimum(self.eff[t] * self.scales[t], 1.0)
       rate = np.where(tier == t, self.bw[t] * eff, rate)
-    return self.latency_s[tier] + size / rate
+    return rate
 
 
 class ScaledSystem(System):
