@@ -90,8 +90,10 @@ class Networks:
     with ``n_t``, ``n_b`` the bytes per processor of the operation under
     each tier's (scalar, offset) and ``b = t - 1`` (NCCL rings cross the
     node boundary once per node and channel, one NIC per channel; see
-    :class:`calculon.config.system.NetworkConfig`).  With ``g = 1``, on
-    tier 0, or on a tier without ``rails``, exactly :meth:`time_s`
+    :class:`calculon.config.system.NetworkConfig`).  Computed as ``n_t``
+    over an effective rate, ``min(g * rate[t], rate[b] * n_t / n_b)``, so
+    that the per-execution work is that of :meth:`time_s`.  With ``g = 1``,
+    on tier 0, or on a tier without ``rails``: exactly :meth:`time_s`
     (Calculon's model, where each processor's whole share crosses the
     tier over its own link).
 
@@ -101,18 +103,19 @@ class Networks:
       peers_per_domain: processors of the group in one domain of the tier
         below (array or scalar, >= 1).
     """
-    flat = self.time_s(op, op_bytes, peers, tier)
-    if not self.has_rails:
-      return flat
-    below = np.maximum(np.asarray(tier) - 1, 0)
-    g = np.maximum(np.minimum(peers_per_domain, self.rails[tier]), 1)
-    across = op_bytes * self.scalar[op][tier]
-    across = across + (1 / peers * across) * self.offset[op][tier]
-    inside = op_bytes * self.scalar[op][below]
-    inside = inside + (1 / peers * inside) * self.offset[op][below]
-    railed = self.latency_s[tier] + np.maximum(
-      across / (g * self.rate(tier)), inside / self.rate(below))
-    return np.where((np.asarray(tier) > 0) & (g > 1), railed, flat)
+    size = op_bytes * self.scalar[op][tier]
+    size = size + (1 / peers * size) * self.offset[op][tier]
+    rate = self.rate(tier)
+    if self.has_rails:
+      below = np.maximum(np.asarray(tier) - 1, 0)
+      g = np.where(np.asarray(tier) > 0,
+                   np.clip(peers_per_domain, 1, self.rails[tier]), 1)
+      # Bytes per processor inside the domain over those crossing the tier.
+      inside = self.scalar[op][below] * (1 + self.offset[op][below] / peers)
+      across = self.scalar[op][tier] * (1 + self.offset[op][tier] / peers)
+      railed = np.minimum(g * rate, self.rate(below) * (across / inside))
+      rate = np.where(g > 1, railed, rate)
+    return self.latency_s[tier] + size / rate
 
   def usage(self, tier):
     """Fraction of processor compute used to drive tier ``tier``."""

@@ -584,30 +584,18 @@ class Evaluation:
     inside one domain of tier ``t - 1`` (a node), for the system's
     ``rails`` (:meth:`calculon.hardware.network.Networks.collective_time_s`).
 
-    Ranks are laid out as Megatron-Core orders them (``tp-cp-ep-dp-pp``,
-    TP innermost; routed experts ``etp-ep-dp-pp``; torchtitan's device mesh
-    ``[pp, dp, cp, tp]`` agrees): the parallelisms inside the group's ranks
-    (TP, and EP x ETP for the experts' group) fill a domain first, the
-    group's own ranks (DP x CP) the rest, PP is outermost.  So a domain of
-    ``S`` processors holds ``min(group, S // inner)`` of the group's ranks,
-    ``inner`` the product of those inner degrees and of PP when it sits
-    on a tier below ``t``; 1 when an inner parallelism spans tier ``t``
-    itself, or when the DP tier is tier 0."""
+    Ranks are laid out as Megatron-Core orders them (``tp-cp-ep-dp-pp``:
+    TP innermost, PP outermost; routed experts ``etp-ep-dp-pp``;
+    torchtitan's device mesh ``[pp, dp, cp, tp]`` agrees): the
+    parallelisms inside the group's ranks (TP; EP x ETP for the experts'
+    group) fill a domain first, the group's own ranks (DP x CP) the rest.
+    A domain of ``S`` processors thus holds ``min(group, S // inner)`` of
+    the group's ranks (at least 1: an inner parallelism wider than the
+    domain leaves one), ``inner`` the product of those inner degrees."""
     e, nets = self.exe, self.system.networks
-    tier = e.data_par_net
-    size = nets.size[np.maximum(tier - 1, 0)]
-    inner = [(self.tp, e.tensor_par_net)]
-    if experts:
-      inner = [(self.etp, e.tensor_par_net), (self.ep, e.expert_par_net)]
-    fill, spans = 1, False
-    for degree, net in inner:
-      on = degree > 1
-      fill = fill * np.where(on & (net < tier), degree, 1)
-      spans = spans | (on & (net >= tier))
-    fill = fill * np.where((self.pp > 1) & (e.pipeline_par_net < tier),
-                           self.pp, 1)
-    per_domain = np.minimum(group, np.maximum(size // fill, 1))
-    return np.where(spans | (tier == 0), 1, per_domain)
+    size = nets.size[np.maximum(e.data_par_net - 1, 0)]
+    inner = self.etp * self.ep if experts else self.tp
+    return np.minimum(group, np.maximum(size // inner, 1))
 
   def _dp_group_time_s(self, reduce, gather, dp, experts=False):
     net, tier = self.system.networks, self.exe.data_par_net
