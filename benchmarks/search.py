@@ -16,8 +16,8 @@ Usage (from the repository root):
     sharding level, kernel and the rest (0.9 billion executions), with the
     exact branch and bound;
 (e) Mixtral 8x22B on 1,024 H100s, batch 1,024, bfloat16: also every EP,
-    ETP, dispatcher, overlap and EP tier (18 billion executions);
-(f) DeepSeek-V3 on 2,048 H100s, batch 4,096, float8 (67 billion).
+    ETP, dispatcher, overlap and EP tier (27 billion executions);
+(f) DeepSeek-V3 on 2,048 H100s, batch 4,096, float8 (100 billion).
 
 Each runs `python -m calculon llm-optimal-execution` in a subprocess; wall
 time is the whole command (start-up included); peak memory is the largest

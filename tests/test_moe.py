@@ -119,6 +119,53 @@ def test_all_to_all_volume_per_layer_and_rank():
   assert value(ev.block.ep_fw_time) == pytest.approx(2 * one, rel=1e-12)
 
 
+def _deepseek_ep32(dispatcher):
+  """DeepSeek-V3 blocks, EP 32 over 4 nodes of 8 (the EP tier is the
+  network), one microbatch of 4096 tokens per rank."""
+  app = Application.from_dict(dict(DEEPSEEK_V3, num_blocks=4,
+                                   first_dense_blocks=0))
+  system = System(read_json_file(f'{ROOT}/systems/b200.json'))
+  return system, evaluation(app, system, tensor_par=1, data_par=32,
+                            batch_size=32, microbatch_size=1,
+                            data_par_net=1, expert_par=32, expert_par_net=1,
+                            moe_dispatcher=dispatcher, datatype='bfloat16',
+                            attention_kernel='flash')
+
+
+def test_deepep_sends_each_token_once_per_destination_node():
+  """DeepEP (DeepSeek-V3 section 3.2.2): a token crosses the network once
+  per node hosting one of its k experts, then NVLink.  EP 32 on 4 nodes,
+  256 experts (64 per node), top-8: a given other node hosts none of a
+  token's 8 experts with probability C(192, 8) / C(256, 8), so a token
+  crosses to 3 (1 - C(192, 8) / C(256, 8)) = 2.711 nodes: 2.711 x 7168 x
+  2 bytes per token on the network, against 8 x 7168 x 2 x 24/32 for a
+  plain all-to-all (6 of its 8 copies go to the other 3 nodes); NVLink
+  carries 31/32 of the 8 copies, less than 8 x 450 GB/s-class links need."""
+  from math import comb
+  system, plain = _deepseek_ep32('alltoall')
+  _, deepep = _deepseek_ep32('deepep')
+  net = system.networks
+  tokens, h = 4096, 7168
+  remote = 3 * (1 - comb(192, 8) / comb(256, 8))
+  assert remote == pytest.approx(2.711, abs=1e-3)
+  per_op = net.latency_s[1] + tokens * remote * h * 2 / net.effective_bw[1]
+  assert value(deepep.block.ep_fw_time) == pytest.approx(2 * per_op,
+                                                         rel=1e-12)
+  all_to_all = net.latency_s[1] + tokens * 8 * h * 2 * 24 / 32 / \
+    net.effective_bw[1]
+  assert value(plain.block.ep_fw_time) == pytest.approx(2 * all_to_all,
+                                                        rel=1e-12)
+  # Inside one node (EP 8 on NVLink) DeepEP is the plain all-to-all.
+  app = Application.from_dict(dict(DEEPSEEK_V3, num_blocks=4,
+                                   first_dense_blocks=0))
+  inside = [value(evaluation(app, system, tensor_par=1, data_par=8,
+                             batch_size=8, expert_par=8, expert_par_net=0,
+                             moe_dispatcher=d, datatype='bfloat16',
+                             attention_kernel='flash').block.ep_fw_time)
+            for d in ('alltoall', 'deepep')]
+  assert inside[0] == inside[1]
+
+
 def test_combine_keeps_the_expert_outputs_and_probabilities():
   """Megatron-Core ``moe_utils.unpermute`` multiplies the k expert outputs
   of each token by their router probabilities, then scatter-adds them:
@@ -191,7 +238,7 @@ def test_more_expert_bandwidth_never_slows_a_run():
   records = []
   for ep in (2, 4, 8):
     for tier in (0, 1):
-      for disp in ('alltoall', 'allgather'):
+      for disp in ('alltoall', 'allgather', 'deepep'):
         for ov in ('none', 'shared_experts', 'compute'):
           for imb in (1.0, 1.3):
             records.append(Execution.from_dict(dict(

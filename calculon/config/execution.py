@@ -38,7 +38,7 @@ TP_OVERLAP_NAMES = ('none', 'ring', 'pipe')
 SHARDING_NAMES = ('none', 'optimizer', 'gradients', 'parameters')
 ATTENTION_KERNEL_NAMES = ('standard', 'flash')
 PRECISION_RECIPE_NAMES = ('uniform', 'transformer_engine')
-DISPATCHER_NAMES = ('alltoall', 'allgather')
+DISPATCHER_NAMES = ('alltoall', 'allgather', 'deepep')
 MOE_OVERLAP_NAMES = ('none', 'shared_experts', 'compute')
 #: Where full recomputation's block-input checkpoints live: ``whole`` (every
 #: TP rank stores the whole input: Calculon) or ``as_input`` (as the rank
@@ -55,7 +55,7 @@ ATTENTION_AUTO, ATTENTION_MULTIHEAD, ATTENTION_MULTIQUERY, \
 SHARD_NONE, SHARD_OPTIMIZER, SHARD_GRADIENTS, SHARD_PARAMETERS = 0, 1, 2, 3
 KERNEL_STANDARD, KERNEL_FLASH = 0, 1
 RECIPE_UNIFORM, RECIPE_TE = 0, 1
-DISPATCH_ALLTOALL, DISPATCH_ALLGATHER = 0, 1
+DISPATCH_ALLTOALL, DISPATCH_ALLGATHER, DISPATCH_DEEPEP = 0, 1, 2
 MOE_OVERLAP_NONE, MOE_OVERLAP_SHARED, MOE_OVERLAP_COMPUTE = 0, 1, 2
 CHECKPOINT_WHOLE, CHECKPOINT_AS_INPUT = 0, 1
 #: Code of an optional categorical field left out (``attention_type``:
@@ -177,8 +177,10 @@ class Execution:
   Calculon's); Mixture-of-Experts: expert_par (EP, experts split over EP
   ranks folded into TP x DP x CP, Megatron-Core "MoE parallel folding"),
   expert_par_net (its tier), expert_tensor_par (ETP: TP inside an expert;
-  absent 1, Megatron-Core's default), moe_dispatcher ('alltoall' or
-  'allgather'), moe_comm_overlap ('none', 'shared_experts': the dispatch
+  absent 1, Megatron-Core's default), moe_dispatcher ('alltoall',
+  'allgather', or 'deepep': all-to-all sending each token once per
+  destination node across nodes and forwarding it over the node's fast
+  tier, DeepEP / Megatron-Core's flex dispatcher), moe_comm_overlap ('none', 'shared_experts': the dispatch
   and combine hide behind the shared experts, Megatron-Core
   --moe-shared-expert-overlap; 'compute': behind the rest of the block's
   compute, as with Megatron-Core --overlap-moe-expert-parallel-comm or

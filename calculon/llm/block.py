@@ -296,7 +296,7 @@ def _moe_mlp(app, exe, ctx, add, shape, norm_cls, norm_name, full, parallel,
   total width, split over TP as the dense MLP is.
   """
   from calculon.config.execution import (
-    DISPATCH_ALLGATHER)
+    DISPATCH_ALLGATHER, DISPATCH_DEEPEP)
   tp, h = ctx.tp, app.hidden
   E, k = app.num_experts, app.top_k
   ep, etp = exe.expert_par, exe.expert_tensor_par
@@ -312,6 +312,7 @@ def _moe_mlp(app, exe, ctx, add, shape, norm_cls, norm_name, full, parallel,
   up = 2 * width if app.gated else width
   allgather = exe.moe_dispatcher == DISPATCH_ALLGATHER
   alltoall = ~allgather
+  deepep = flag(exe.moe_dispatcher == DISPATCH_DEEPEP)
   tier = exe.expert_par_net
 
   act_in, act = shape.act_in, shape.act
@@ -330,7 +331,7 @@ def _moe_mlp(app, exe, ctx, add, shape, norm_cls, norm_name, full, parallel,
       activation_stored=False)
   dispatched = tokens * k * h
   add(ExpertComm, 'Moe_Dispatch', dispatched, ep, tier, 'all_to_all',
-      recompute=full, present=alltoall)
+      recompute=full, present=alltoall, node_dedup=(deepep, E, k))
   add(ExpertComm, 'Moe_Dispatch_AG', tokens * h * ep, ep, tier, 'all_gather',
       recompute=full, present=allgather)
   add(ExpertComm, 'Moe_Dispatch_ETP', local * per_expert * h, etp,
@@ -349,7 +350,7 @@ def _moe_mlp(app, exe, ctx, add, shape, norm_cls, norm_name, full, parallel,
   add(ExpertComm, 'Moe_Combine_ETP', local * per_expert * h, etp,
       ctx.tp_tier, 'reduce_scatter', recompute=full, present=etp > 1)
   add(ExpertComm, 'Moe_Combine', dispatched, ep, tier, 'all_to_all',
-      recompute=full, present=alltoall)
+      recompute=full, present=alltoall, node_dedup=(deepep, E, k))
   add(ExpertComm, 'Moe_Combine_RS', tokens * h * ep, ep, tier,
       'reduce_scatter', recompute=full, present=allgather)
   add(WeightedCombine, 'Moe_Unpermute', dispatched, tokens * k,

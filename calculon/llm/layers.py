@@ -897,13 +897,18 @@ class ExpertComm(Layer):
     op: 'all_to_all', or with the all-gather dispatcher 'all_gather'
       (dispatch: every rank gathers all tokens, ``size`` the gathered
       buffer) / 'reduce_scatter' (combine).
+    node_dedup: for the all-to-all, None or (on, E, k): where ``on`` (the
+      ``deepep`` dispatcher), the traffic across nodes is sent once per
+      token and destination node (:meth:`ep_time_s`); E experts, top-k.
 
   The backward pass runs the mirror operation on the gradients (same
   bytes).  Its time is reported as expert-parallel communication, not TP.
   """
 
-  def __init__(self, name, ctx, size, peers, tier, op, **flags):
+  def __init__(self, name, ctx, size, peers, tier, op, node_dedup=None,
+               **flags):
     self.size, self.peers, self.tier, self.op = size, peers, tier, op
+    self.node_dedup = node_dedup
     super().__init__(name, ctx, inputs=size, outputs=size, activation=0,
                      activation_grads=0, **flags)
 
@@ -921,7 +926,8 @@ class ExpertComm(Layer):
     1`` holds, the group's ranks being consecutive) stays on that node's
     faster tier while the rest crosses the network, both at once; the time
     is the slower of the two (DeepSeek-AI 2024, DeepSeek-V3 section 3.2.2,
-    dispatches over InfiniBand and NVLink concurrently)."""
+    dispatches over InfiniBand and NVLink concurrently).  With
+    ``node_dedup`` on, see :meth:`_node_dedup_times_s`."""
     def compute():
       net = self.ctx.system.networks
       n, p, tier = self.ep_bytes(), self.peers, self.tier
@@ -933,10 +939,46 @@ class ExpertComm(Layer):
           inter = net.time_s(self.op, n * (p - q) / np.maximum(p - 1, 1), p,
                              tier)
           intra = net.time_s(self.op, n * q / p, np.maximum(q, 1), below)
+          if self.node_dedup is not None and self.node_dedup[0] is not False:
+            on, experts, k = self.node_dedup
+            dedup_inter, dedup_intra = self._node_dedup_times_s(
+              net, n, p, q, tier, below, experts, k)
+            inter = np.where(on, dedup_inter, inter)
+            intra = np.where(on, dedup_intra, intra)
         split = (np.asarray(tier) > 0) & (q > 1) & (q < p)
         t = np.where(split, np.maximum(inter, intra), t)
       return where(self.peers > 1, t, 0.0)
     return self._memo(('ep', ), compute)
+
+  @staticmethod
+  def _node_dedup_times_s(net, n, p, q, tier, below, experts, k):
+    """(across-node, inside-node) seconds of a DeepEP-style all-to-all
+    (DeepSeek-AI 2024, DeepSeek-V3 section 3.2.2; deepseek-ai/DeepEP
+    "normal kernels"): a token bound for experts on another node crosses
+    the network once to that node's GPU of the same local index (one
+    NIC per GPU), which forwards it over NVLink to the GPUs of its
+    experts.  With the p EP ranks on N = p / q nodes and the E experts
+    spread evenly, a node other than the token's own hosts none of its k
+    (distinct) experts with probability C(E - E/N, k) / C(E, k), so a
+    token crosses to R = (N - 1) (1 - C(E - E/N, k) / C(E, k)) nodes on
+    average: ``n * R / k`` bytes per rank over the network instead of
+    Calculon-style ``n (p - q) / p`` (n = tokens x k x h x bytes, the
+    k copies).  Every copy but the rank's own then crosses NVLink once
+    (directly or forwarded): ``n (p - 1) / p`` bytes on the tier below.
+    Balanced routing; node-limited routing (DeepSeek-V3's at most 4
+    nodes) and FP8 dispatch are not modeled."""
+    nodes = p / np.maximum(q, 1)
+    per_node = experts / nodes
+    missed = 1.0
+    for i in range(k):
+      missed = missed * np.clip((experts - per_node - i) / (experts - i), 0, 1)
+    remote = (nodes - 1) * (1 - missed)
+    # time_s applies the all-to-all's (p - 1) / p: undo it for the
+    # across-node bytes, which are already per rank.
+    inter = net.time_s('all_to_all', n * remote / k * p / np.maximum(p - 1, 1),
+                       p, tier)
+    intra = net.time_s('all_to_all', n, p, below)
+    return inter, intra
 
   def fw_mem_bytes(self):
     return 0.0
