@@ -591,7 +591,10 @@ class Evaluation:
     group) fill a domain first, the group's own ranks (DP x CP) the rest.
     A domain of ``S`` processors thus holds ``min(group, S // inner)`` of
     the group's ranks (at least 1: an inner parallelism wider than the
-    domain leaves one), ``inner`` the product of those inner degrees."""
+    domain leaves one), ``inner`` the product of those inner degrees.
+    The tiers the execution names are not read (an execution placing PP
+    below DP contradicts that order; reading them costs the pruned MoE
+    searches 25-40 %, docs/performance.md)."""
     e, nets = self.exe, self.system.networks
     size = nets.size[np.maximum(e.data_par_net - 1, 0)]
     inner = self.etp * self.ep if experts else self.tp
