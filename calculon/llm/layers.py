@@ -965,8 +965,11 @@ class ExpertComm(Layer):
     Calculon-style ``n (p - q) / p`` (n = tokens x k x h x bytes, the
     k copies).  Every copy but the rank's own then crosses NVLink once
     (directly or forwarded): ``n (p - 1) / p`` bytes on the tier below.
-    Balanced routing; node-limited routing (DeepSeek-V3's at most 4
-    nodes) and FP8 dispatch are not modeled."""
+    Balanced routing; the tokens keep their 16-bit datatype, as
+    Megatron-Core's DeepEP path sends them (``FusedDispatch``,
+    megatron/core/transformer/moe/fused_a2a.py); node-limited routing
+    (DeepSeek-V3's at most 4 nodes) and DeepSeek's FP8 dispatch are not
+    modeled."""
     nodes = p / np.maximum(q, 1)
     per_node = experts / nodes
     missed = 1.0
