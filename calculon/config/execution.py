@@ -180,10 +180,11 @@ class Execution:
   absent 1, Megatron-Core's default), moe_dispatcher ('alltoall',
   'allgather', or 'deepep': all-to-all sending each token once per
   destination node across nodes and forwarding it over the node's fast
-  tier, DeepEP / Megatron-Core's flex dispatcher), moe_comm_overlap ('none', 'shared_experts': the dispatch
-  and combine hide behind the shared experts, Megatron-Core
-  --moe-shared-expert-overlap; 'compute': behind the rest of the block's
-  compute, as with Megatron-Core --overlap-moe-expert-parallel-comm or
+  tier, DeepEP / Megatron-Core's flex dispatcher), moe_comm_overlap
+  ('none', 'shared_experts': the dispatch and combine hide behind the
+  shared experts, Megatron-Core --moe-shared-expert-overlap; 'compute':
+  behind the rest of the block's compute, as with Megatron-Core
+  --overlap-moe-expert-parallel-comm or
   DeepSeek-V3's DualPipe), expert_imbalance (tokens of the busiest expert
   over the average, >= 1: the step waits for the slowest rank),
   checkpoint_layout (``whole``: with full recomputation every TP rank

@@ -137,9 +137,10 @@ class NetworkConfig:
     cross this tier once per node, each on a different NIC, and balances
     the crossing traffic over the node's NICs through NVLink (NVIDIA/nccl
     issue #601, S. Jeaugey: "we can use NVLink to split the operations in
-    N parts then balance the traffic onto the N NICs"); two 8-GPU HGX H100
-    nodes reach 360 GB/s of all-reduce bus bandwidth, 8 x 45 GB/s (NVIDIA/nccl
-    issue #1277).  See :meth:`calculon.hardware.network.Networks.collective_time_s`.
+    N parts then balance the traffic onto the N NICs"); two 8-GPU HGX
+    H100 nodes reach 360 GB/s of all-reduce bus bandwidth, 8 x 45 GB/s
+    (NVIDIA/nccl issue #1277).  See
+    :meth:`calculon.hardware.network.Networks.collective_time_s`.
   """
   bandwidth_bytes_per_s: float
   efficiency: float

@@ -67,9 +67,14 @@ class Networks:
       peers: participants (2 for p2p), array or scalar.
       tier: network tier index, array or scalar.
     """
+    return self.latency_s[tier] + self._bytes(op, op_bytes, peers, tier) \
+      / self.rate(tier)
+
+  def _bytes(self, op, op_bytes, peers, tier):
+    """Bytes per processor of ``op`` on ``tier``: n x scalar x (1 + offset
+    / p), in Calculon's order of operations."""
     size = op_bytes * self.scalar[op][tier]
-    size = size + (1 / peers * size) * self.offset[op][tier]
-    return self.latency_s[tier] + size / self.rate(tier)
+    return size + (1 / peers * size) * self.offset[op][tier]
 
   def rate(self, tier):
     """Bytes per second a processor moves on tier ``tier`` (bandwidth x
@@ -103,19 +108,19 @@ class Networks:
       peers_per_domain: processors of the group in one domain of the tier
         below (array or scalar, >= 1).
     """
-    size = op_bytes * self.scalar[op][tier]
-    size = size + (1 / peers * size) * self.offset[op][tier]
+    if not self.has_rails:
+      return self.time_s(op, op_bytes, peers, tier)
     rate = self.rate(tier)
-    if self.has_rails:
-      below = np.maximum(np.asarray(tier) - 1, 0)
-      g = np.where(np.asarray(tier) > 0,
-                   np.clip(peers_per_domain, 1, self.rails[tier]), 1)
-      # Bytes per processor inside the domain over those crossing the tier.
-      inside = self.scalar[op][below] * (1 + self.offset[op][below] / peers)
-      across = self.scalar[op][tier] * (1 + self.offset[op][tier] / peers)
-      railed = np.minimum(g * rate, self.rate(below) * (across / inside))
-      rate = np.where(g > 1, railed, rate)
-    return self.latency_s[tier] + size / rate
+    below = np.maximum(np.asarray(tier) - 1, 0)
+    g = np.where(np.asarray(tier) > 0,
+                 np.clip(peers_per_domain, 1, self.rails[tier]), 1)
+    # Bytes per processor crossing the tier over those inside the domain
+    # (per byte of buffer: small arrays, not one per execution).
+    ratio = self._bytes(op, 1.0, peers, tier) / self._bytes(op, 1.0, peers,
+                                                            below)
+    rate = np.where(g > 1, np.minimum(g * rate, self.rate(below) * ratio),
+                    rate)
+    return self.latency_s[tier] + self._bytes(op, op_bytes, peers, tier) / rate
 
   def usage(self, tier):
     """Fraction of processor compute used to drive tier ``tier``."""

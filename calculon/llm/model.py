@@ -594,15 +594,18 @@ class Evaluation:
     domain leaves one), ``inner`` the product of those inner degrees.
     The tiers the execution names are not read (an execution placing PP
     below DP contradicts that order; reading them costs the pruned MoE
-    searches 25-40 %, docs/performance.md)."""
+    searches 25-40 %, docs/performance.md).  1 on a system without
+    ``rails`` (nothing to compute)."""
     e, nets = self.exe, self.system.networks
+    if not nets.has_rails:
+      return 1
     size = nets.size[np.maximum(e.data_par_net - 1, 0)]
     inner = self.etp * self.ep if experts else self.tp
     return np.minimum(group, np.maximum(size // inner, 1))
 
   def _dp_group_time_s(self, reduce, gather, dp, experts=False):
     net, tier = self.system.networks, self.exe.data_par_net
-    g = self._dp_peers_per_domain(dp, experts) if net.has_rails else 1
+    g = self._dp_peers_per_domain(dp, experts)
     with np.errstate(divide='ignore', invalid='ignore'):
       sharded = net.collective_time_s('reduce_scatter', reduce, dp, tier, g) \
         + net.collective_time_s('all_gather', gather, dp, tier, g)
@@ -656,7 +659,7 @@ class Evaluation:
     with np.errstate(divide='ignore', invalid='ignore'):
       for elems, dp, experts in groups:
         on = dp > 1
-        g = self._dp_peers_per_domain(dp, experts) if net.has_rails else 1
+        g = self._dp_peers_per_domain(dp, experts)
         ag = ag + np.where(on, net.collective_time_s(
           'all_gather', elems * self.io_bytes, dp, tier, g), 0)
         rs = rs + np.where(on, net.collective_time_s(
