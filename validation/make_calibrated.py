@@ -22,7 +22,7 @@ RUNS = ['validation/published_runs.csv',
         'validation/published_runs_2024_2026.csv']
 #: cluster -> bundled system file it is calibrated from.
 CLUSTERS = {
-  'a100_80g': 'a100_80g',                      # Selene-class DGX A100
+  'a100_sxm_80g': 'a100_sxm_80g',              # Selene-class DGX A100
   'h100_sxm_80g': 'h100_sxm_80g',              # Eos-class DGX H100
   'h100_96g_power_capped': 'h100_sxm_80g',     # Meta Grand Teton H100
   'b200': 'b200',

@@ -234,6 +234,8 @@ def _show(value):
     return '|'.join(_show(v) for v in value)
   if isinstance(value, bool):
     return 'true' if value else 'false'
+  if isinstance(value, dict) and set(value) == {'times'}:
+    return f"x {value['times']}"
   return str(value)
 
 
