@@ -437,6 +437,13 @@ def _deepseek(c, app, mla, layers, notes):
     app['first_dense_blocks'] = first
   if freq > 1:
     app['moe_layer_freq'] = freq
+  # Group-limited routing (DeepSeek-V3's node-limited routing: n_group
+  # groups, a token's experts from topk_group of them; modeling_deepseek.py
+  # group_limited_greedy / noaux_tc); one group means no limit.
+  groups = c.int('n_group', default=1)
+  if groups > 1:
+    app.update(moe_router_num_groups=groups,
+               moe_router_group_topk=c.int('topk_group', default=groups))
   app.update({k: v for k, v in mla.items() if v is not None})
   if c.obj.get('topk_method') == 'noaux_tc':
     notes.append('The router\'s per-expert score-correction bias '

@@ -166,6 +166,61 @@ def test_deepep_sends_each_token_once_per_destination_node():
   assert inside[0] == inside[1]
 
 
+def test_node_limited_routing_bounds_the_nodes_a_token_reaches():
+  """DeepSeek-V3 section 2.1.2: a token's 8 experts come from at most 4
+  of 8 groups of 32 experts (n_group 8, topk_group 4).  EP 64 on 8 nodes
+  of 8 GPUs: one group per node, so a token reaches at most 4 nodes; a
+  given other node is reached when its group is chosen (4/8) and one of
+  the 8 experts drawn from the 128 of the chosen groups is among its 32:
+  R = 7 x 1/2 x (1 - C(96, 8) / C(128, 8)) = 3.175 other nodes, against
+  7 (1 - C(224, 8) / C(256, 8)) = 4.633 without the limit.  EP 32 on 4
+  nodes (2 groups per node): the node's chosen groups m are
+  hypergeometric (8, 2, 4): R = 3 sum_m P(m) (1 - C(128 - 32 m, 8) /
+  C(128, 8)) = 2.196, against 2.711."""
+  from math import comb
+  from calculon.llm.layers import ExpertComm
+  remote = ExpertComm.remote_nodes_per_token
+  one_per_node = 7 * 0.5 * (1 - comb(96, 8) / comb(128, 8))
+  assert one_per_node == pytest.approx(3.175, abs=1e-3)
+  assert remote(8, 256, 8, 8, 4) == pytest.approx(one_per_node, rel=1e-12)
+  assert remote(8, 256, 8) == pytest.approx(
+    7 * (1 - comb(224, 8) / comb(256, 8)), rel=1e-12)
+  two_per_node = 3 * sum(
+    comb(2, m) * comb(6, 4 - m) / comb(8, 4) *
+    (1 - comb(128 - 32 * m, 8) / comb(128, 8)) for m in (1, 2))
+  assert two_per_node == pytest.approx(2.196, abs=1e-3)
+  assert remote(4, 256, 8, 8, 4) == pytest.approx(two_per_node, rel=1e-12)
+  # A group over 2 nodes (16 nodes): reached when the group is chosen and
+  # one expert is among the node's 16 of the 128 drawn from.
+  assert remote(16, 256, 8, 8, 4) == pytest.approx(
+    15 * 0.5 * (1 - comb(112, 8) / comb(128, 8)), rel=1e-12)
+  # Never more nodes than the limit allows, never more than without it.
+  for nodes in (2, 4, 8, 16, 32):
+    limited = remote(nodes, 256, 8, 8, 4)
+    assert limited <= remote(nodes, 256, 8) + 1e-12
+  # The engine: DeepEP over 4 nodes sends 2.196 / 2.711 of the bytes.
+  system, _ = _deepseek_ep32('alltoall')
+  app = Application.from_dict(dict(DEEPSEEK_V3, num_blocks=4,
+                                   first_dense_blocks=0,
+                                   moe_router_num_groups=8,
+                                   moe_router_group_topk=4))
+  ev = evaluation(app, system, tensor_par=1, data_par=32, batch_size=32,
+                  microbatch_size=1, data_par_net=1, expert_par=32,
+                  expert_par_net=1, moe_dispatcher='deepep',
+                  datatype='bfloat16', attention_kernel='flash')
+  net = system.networks
+  per_op = net.latency_s[1] + 4096 * two_per_node * 7168 * 2 / \
+    net.effective_bw[1]
+  assert value(ev.block.ep_fw_time) == pytest.approx(2 * per_op, rel=1e-9)
+  # A plain all-to-all sends every copy: the limit changes nothing.
+  plain = evaluation(app, system, tensor_par=1, data_par=32, batch_size=32,
+                     microbatch_size=1, data_par_net=1, expert_par=32,
+                     expert_par_net=1, moe_dispatcher='alltoall',
+                     datatype='bfloat16', attention_kernel='flash')
+  assert value(plain.block.ep_fw_time) == value(
+    _deepseek_ep32('alltoall')[1].block.ep_fw_time)
+
+
 def test_combine_keeps_the_expert_outputs_and_probabilities():
   """Megatron-Core ``moe_utils.unpermute`` multiplies the k expert outputs
   of each token by their router probabilities, then scatter-adds them:
@@ -260,6 +315,18 @@ def test_more_expert_bandwidth_never_slows_a_run():
 def test_moe_bad_inputs():
   with pytest.raises(ConfigError, match="'top_k' = 9 is not allowed"):
     Application.from_dict(dict(MIXTRAL, top_k=9))
+  for extra, message in (
+      (dict(moe_router_num_groups=8), "'moe_router_group_topk'.*needs both"),
+      (dict(moe_router_num_groups=3, moe_router_group_topk=1),
+       "'moe_router_num_groups' = 3 is not allowed: it must divide "
+       r'num_experts \(256\)'),
+      (dict(moe_router_num_groups=8, moe_router_group_topk=9),
+       "'moe_router_group_topk' = 9 is not allowed: it must be <= "
+       r'moe_router_num_groups \(8\)'),
+      (dict(moe_router_num_groups=64, moe_router_group_topk=1),
+       "its 1 group\\(s\\) of 4 experts must hold top_k \\(8\\)")):
+    with pytest.raises(ConfigError, match=message):
+      Application.from_dict(dict(DEEPSEEK_V3, **extra))
   dense = {k: v for k, v in MIXTRAL.items()
            if k not in ('num_experts', 'top_k', 'moe_ffn_hidden')}
   with pytest.raises(ConfigError, match='needs num_experts'):

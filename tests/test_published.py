@@ -85,7 +85,9 @@ def test_attention_kernel_of_the_framework_on_hopper(suite):
   assert 'fused_attention_efficiency' not in case(suite, 'nemo-12').system_set
   a100 = case(suite, 'torchtitan-19')
   assert 'fused_attention_efficiency' not in a100.system_set
-  assert suite.system_json(a100).get('fused_attention_efficiency') is None
+  # ... the A100 file's own: FlashAttention-2 at the middle of its 50-73 %
+  # of peak (Dao 2023) over the 0.87 GEMM efficiency.
+  assert suite.system_json(a100)['fused_attention_efficiency'] == 0.71
   # A multiplying change: of an absent optional efficiency (1), of a field
   # that exists, and never of a field the file lacks.
   assert M.apply_system_set({}, {'grouped_gemm_efficiency': {'times': 0.5}}) \
@@ -214,7 +216,7 @@ def test_published_summary(results):
 
 #: docs/accuracy.md, "Before calibration": median |delta| over the priced
 #: rows.
-DOC_MEDIAN = 13.4
+DOC_MEDIAN = 12.9
 
 
 def test_cli_unseen_sources_are_priced(tmp_path):

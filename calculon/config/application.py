@@ -34,7 +34,12 @@ Mixture-of-Experts (absent: dense): ``num_experts`` routed experts E,
 ``feedforward``, DeepSeek-V3) and ``moe_layer_freq`` (every k-th block is
 MoE, Megatron-LM's --moe-layer-freq), ``capacity_factor`` (token dropping:
 each expert takes at most ceil(tokens x k / E x factor) tokens, padded to
-that).
+that), ``moe_router_num_groups`` and ``moe_router_group_topk``
+(group-limited routing: the E experts form that many groups of consecutive
+experts and a token's k experts come from at most ``moe_router_group_topk``
+of them; DeepSeek-V3's node-limited routing, n_group 8 and topk_group 4;
+Megatron-LM's --moe-router-num-groups and --moe-router-group-topk; absent:
+any k of the E experts).
 
 Multi-head latent attention (DeepSeek-V2/V3; absent: GQA/MHA):
 ``q_lora_rank`` (null: no query compression), ``kv_lora_rank``,
@@ -80,6 +85,8 @@ OPTIONAL = OrderedDict([
   ('first_dense_blocks', (Spec('int', lo=0), 0)),
   ('moe_layer_freq', (Spec('int', lo=1), 1)),
   ('capacity_factor', (Spec('number', lo=0, lo_open=True), None)),
+  ('moe_router_num_groups', (Spec('int', lo=1), None)),
+  ('moe_router_group_topk', (Spec('int', lo=1), None)),
   ('q_lora_rank', (Spec('int', lo=1), None)),
   ('kv_lora_rank', (Spec('int', lo=1), None)),
   ('qk_nope_head_dim', (Spec('int', lo=1), None)),
@@ -89,7 +96,8 @@ OPTIONAL = OrderedDict([
 
 MOE_FIELDS = ('top_k', 'moe_ffn_hidden', 'shared_experts',
               'shared_expert_ffn_hidden', 'first_dense_blocks',
-              'moe_layer_freq', 'capacity_factor')
+              'moe_layer_freq', 'capacity_factor', 'moe_router_num_groups',
+              'moe_router_group_topk')
 MLA_FIELDS = ('kv_lora_rank', 'qk_nope_head_dim', 'qk_rope_head_dim',
               'v_head_dim')
 
@@ -137,6 +145,8 @@ class Application:
   first_dense_blocks: int = 0
   moe_layer_freq: int = 1
   capacity_factor: object = None
+  moe_router_num_groups: object = None
+  moe_router_group_topk: object = None
   q_lora_rank: object = None
   kv_lora_rank: object = None
   qk_nope_head_dim: object = None
@@ -197,6 +207,23 @@ class Application:
              f'({self.num_blocks}) so that some block is MoE')
       if self.shared_experts == 0 and self.shared_expert_ffn_hidden:
         fail('shared_expert_ffn_hidden', 'it needs shared_experts >= 1')
+      groups, group_topk = self.moe_router_num_groups, \
+        self.moe_router_group_topk
+      if (groups is None) != (group_topk is None):
+        fail('moe_router_group_topk' if groups is not None else
+             'moe_router_num_groups', 'group-limited routing needs both '
+             'moe_router_num_groups and moe_router_group_topk')
+      if groups is not None:
+        if self.num_experts % groups != 0:
+          fail('moe_router_num_groups', f'it must divide num_experts '
+               f'({self.num_experts})')
+        if group_topk > groups:
+          fail('moe_router_group_topk', f'it must be <= '
+               f'moe_router_num_groups ({groups})')
+        if self.top_k > group_topk * (self.num_experts // groups):
+          fail('moe_router_group_topk', f'its {group_topk} group(s) of '
+               f'{self.num_experts // groups} experts must hold top_k '
+               f'({self.top_k}) experts')
     mla = [getattr(self, n) is not None for n in MLA_FIELDS]
     if any(mla) or self.q_lora_rank is not None:
       for name, there in zip(MLA_FIELDS, mla):

@@ -330,8 +330,10 @@ def _moe_mlp(app, exe, ctx, add, shape, norm_cls, norm_name, full, parallel,
   add(ElementWise, 'Moe_Permute', tokens * k * h, tokens * h, recompute=full,
       activation_stored=False)
   dispatched = tokens * k * h
+  dedup = (deepep, E, k, app.moe_router_num_groups,
+           app.moe_router_group_topk)
   add(ExpertComm, 'Moe_Dispatch', dispatched, ep, tier, 'all_to_all',
-      recompute=full, present=alltoall, node_dedup=(deepep, E, k))
+      recompute=full, present=alltoall, node_dedup=dedup)
   add(ExpertComm, 'Moe_Dispatch_AG', tokens * h * ep, ep, tier, 'all_gather',
       recompute=full, present=allgather)
   add(ExpertComm, 'Moe_Dispatch_ETP', local * per_expert * h, etp,
@@ -350,7 +352,7 @@ def _moe_mlp(app, exe, ctx, add, shape, norm_cls, norm_name, full, parallel,
   add(ExpertComm, 'Moe_Combine_ETP', local * per_expert * h, etp,
       ctx.tp_tier, 'reduce_scatter', recompute=full, present=etp > 1)
   add(ExpertComm, 'Moe_Combine', dispatched, ep, tier, 'all_to_all',
-      recompute=full, present=alltoall, node_dedup=(deepep, E, k))
+      recompute=full, present=alltoall, node_dedup=dedup)
   add(ExpertComm, 'Moe_Combine_RS', tokens * h * ep, ep, tier,
       'reduce_scatter', recompute=full, present=allgather)
   add(WeightedCombine, 'Moe_Unpermute', dispatched, tokens * k,

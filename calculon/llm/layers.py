@@ -897,9 +897,11 @@ class ExpertComm(Layer):
     op: 'all_to_all', or with the all-gather dispatcher 'all_gather'
       (dispatch: every rank gathers all tokens, ``size`` the gathered
       buffer) / 'reduce_scatter' (combine).
-    node_dedup: for the all-to-all, None or (on, E, k): where ``on`` (the
-      ``deepep`` dispatcher), the traffic across nodes is sent once per
-      token and destination node (:meth:`ep_time_s`); E experts, top-k.
+    node_dedup: for the all-to-all, None or (on, E, k[, G, Gk]): where
+      ``on`` (the ``deepep`` dispatcher), the traffic across nodes is sent
+      once per token and destination node (:meth:`ep_time_s`); E experts,
+      top-k, and with group-limited routing G groups of which a token uses
+      at most Gk (None: no limit).
 
   The backward pass runs the mirror operation on the gradients (same
   bytes).  Its time is reported as expert-parallel communication, not TP.
@@ -940,9 +942,10 @@ class ExpertComm(Layer):
                              tier)
           intra = net.time_s(self.op, n * q / p, np.maximum(q, 1), below)
           if self.node_dedup is not None and self.node_dedup[0] is not False:
-            on, experts, k = self.node_dedup
+            on, experts, k = self.node_dedup[:3]
+            groups = tuple(self.node_dedup[3:5]) or (None, None)
             dedup_inter, dedup_intra = self._node_dedup_times_s(
-              net, n, p, q, tier, below, experts, k)
+              net, n, p, q, tier, below, experts, k, *groups)
             inter = np.where(on, dedup_inter, inter)
             intra = np.where(on, dedup_intra, intra)
         split = (np.asarray(tier) > 0) & (q > 1) & (q < p)
@@ -951,7 +954,63 @@ class ExpertComm(Layer):
     return self._memo(('ep', ), compute)
 
   @staticmethod
-  def _node_dedup_times_s(net, n, p, q, tier, below, experts, k):
+  def remote_nodes_per_token(nodes, experts, k, groups=None, group_topk=None):
+    """Expected number of nodes other than its own that a token's k
+    experts lie on (the nodes DeepEP sends it to), with balanced routing.
+
+    Args (arrays broadcast): nodes N holding the E ``experts`` evenly and
+    in order; top-``k`` distinct experts per token; ``groups`` G and
+    ``group_topk`` Gk: group-limited routing (G groups of E / G consecutive
+    experts, a token's experts drawn from Gk of them; None: any k of E).
+
+    Without groups a given other node holds none of the token's experts
+    with probability C(E - E/N, k) / C(E, k), so R = (N - 1)(1 - C(E - E/N,
+    k) / C(E, k)).  With groups, the token picks Gk of the G groups
+    uniformly, then k of their Gk E / G experts (DeepSeek-AI 2024,
+    DeepSeek-V3 section 2.1.2, "node-limited routing": with one group per
+    node, at most Gk = 4 nodes): when a node holds whole groups (G a
+    multiple of N), the number m of its groups chosen is hypergeometric
+    (G, G / N, Gk) and it is missed with probability C((Gk - m) E / G, k)
+    / C(Gk E / G, k); when a group spans N / G nodes (N a multiple of G),
+    a node is reached only if its group is chosen (Gk / G) and then one of
+    the k experts is among its E / N.  Other layouts use the formula
+    without groups.  Every node is alike, so R = (N - 1) / N x the
+    expected number of nodes reached.
+    """
+    from scipy.special import comb
+    nodes = np.asarray(nodes, dtype=float)
+
+    def missed(pool, away):
+      # Probability that k distinct picks from ``pool`` avoid ``away``.
+      out = 1.0
+      for i in range(k):
+        out = out * np.clip((pool - away - i) / (pool - i), 0, 1)
+      return out
+
+    per_node = experts / nodes
+    plain = 1 - missed(experts, per_node)
+    if groups is None or groups <= 1:
+      return (nodes - 1) * plain
+    chosen = group_topk * experts / groups
+    per_group = experts / groups
+    with np.errstate(divide='ignore', invalid='ignore'):
+      groups_per_node = groups / nodes
+    whole = (np.mod(groups, nodes) == 0)
+    split = (np.mod(nodes, groups) == 0) & ~whole
+    hit_whole = 0.0
+    for m in range(1, group_topk + 1):
+      pmf = comb(groups_per_node, m) * comb(groups - groups_per_node,
+                                            group_topk - m) / \
+        comb(groups, group_topk)
+      hit_whole = hit_whole + np.nan_to_num(pmf) * (
+        1 - missed(chosen, m * per_group))
+    hit_split = group_topk / groups * (1 - missed(chosen, per_node))
+    hit = np.where(whole, hit_whole, np.where(split, hit_split, plain))
+    return (nodes - 1) * hit
+
+  @staticmethod
+  def _node_dedup_times_s(net, n, p, q, tier, below, experts, k,
+                          groups=None, group_topk=None):
     """(across-node, inside-node) seconds of a DeepEP-style all-to-all
     (DeepSeek-AI 2024, DeepSeek-V3 section 3.2.2; deepseek-ai/DeepEP
     "normal kernels"): a token bound for experts on another node crosses
@@ -967,15 +1026,13 @@ class ExpertComm(Layer):
     (directly or forwarded): ``n (p - 1) / p`` bytes on the tier below.
     Balanced routing; the tokens keep their 16-bit datatype, as
     Megatron-Core's DeepEP path sends them (``FusedDispatch``,
-    megatron/core/transformer/moe/fused_a2a.py); node-limited routing
-    (DeepSeek-V3's at most 4 nodes) and DeepSeek's FP8 dispatch are not
-    modeled."""
+    megatron/core/transformer/moe/fused_a2a.py); with group-limited
+    routing (``groups``, ``group_topk``; DeepSeek-V3's node-limited
+    routing) R is :meth:`remote_nodes_per_token`'s; DeepSeek's FP8
+    dispatch is not modeled."""
     nodes = p / np.maximum(q, 1)
-    per_node = experts / nodes
-    missed = 1.0
-    for i in range(k):
-      missed = missed * np.clip((experts - per_node - i) / (experts - i), 0, 1)
-    remote = (nodes - 1) * (1 - missed)
+    remote = ExpertComm.remote_nodes_per_token(nodes, experts, k, groups,
+                                               group_topk)
     # time_s applies the all-to-all's (p - 1) / p: undo it for the
     # across-node bytes, which are already per rank.
     inter = net.time_s('all_to_all', n * remote / k * p / np.maximum(p - 1, 1),

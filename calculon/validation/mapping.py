@@ -11,8 +11,9 @@ the model families and the rules implied by a framework or an era are data
 Facts a row may write in its ``notes`` as ``key=value`` (any source, any
 order; documented in docs/accuracy.md): ``num_experts``, ``top_k``,
 ``moe_ffn_hidden``, ``shared_experts``, ``shared_ffn``, ``dense_layers=first
-N``, ``moe_layer_freq``, ``capacity_factor``, ``ep``, ``etp`` (Mixture of
-Experts); ``q_lora_rank``, ``kv_lora_rank``, ``qk_head_dim``,
+N``, ``moe_layer_freq``, ``capacity_factor``, ``ep``, ``etp``,
+``router_groups``, ``router_group_topk`` (Mixture of Experts; the last two:
+group-limited routing); ``q_lora_rank``, ``kv_lora_rank``, ``qk_head_dim``,
 ``qk_rope_dim``, ``v_head_dim`` (multi-head latent attention);
 ``head_dim`` or ``kv_channels`` (the attention head width when it is not
 hidden / heads).
@@ -113,11 +114,14 @@ NOTES_KEYS = {
   'q_lora_rank': 'q_lora_rank', 'kv_lora_rank': 'kv_lora_rank',
   'qk_head_dim': 'qk_nope_head_dim', 'qk_rope_dim': 'qk_rope_head_dim',
   'v_head_dim': 'v_head_dim', 'ep': 'expert_par', 'etp': 'expert_tensor_par',
+  'router_groups': 'moe_router_num_groups',
+  'router_group_topk': 'moe_router_group_topk',
 }
 _NOTES_RE = re.compile(
   r'\b(num_experts|top_k|moe_ffn_hidden|shared_experts|shared_ffn|'
   r'moe_layer_freq|capacity_factor|q_lora_rank|kv_lora_rank|qk_head_dim|'
-  r'qk_rope_dim|v_head_dim|ep|etp|dense_layers|head_dim(?:\(kv_channels\))?|'
+  r'qk_rope_dim|v_head_dim|ep|etp|dense_layers|router_groups|'
+  r'router_group_topk|head_dim(?:\(kv_channels\))?|'
   r'kv_channels)\s*=\s*(first\s+)?([0-9]+(?:\.[0-9]+)?)', re.IGNORECASE)
 
 
@@ -393,9 +397,21 @@ class Mapper:
     for key in ('num_experts', 'top_k', 'moe_ffn_hidden', 'shared_experts',
                 'shared_ffn', 'moe_layer_freq', 'capacity_factor',
                 'q_lora_rank', 'kv_lora_rank', 'qk_head_dim', 'qk_rope_dim',
-                'v_head_dim'):
+                'v_head_dim', 'router_groups', 'router_group_topk'):
       if key in facts:
         app[NOTES_KEYS[key]] = facts[key]
+    # Group-limited routing the family file has but the row's experts do
+    # not fit (another expert count): dropped, and said.
+    groups = app.get('moe_router_num_groups')
+    if groups and 'router_groups' not in facts and (
+        not app.get('num_experts') or app['num_experts'] % groups or
+        app.get('top_k', 0) > app.get('moe_router_group_topk', 0) *
+        (app['num_experts'] // groups)):
+      app.pop('moe_router_num_groups')
+      app.pop('moe_router_group_topk', None)
+      case.approximations.append('group-limited routing of the model family '
+                                 'left out (it does not fit the row\'s '
+                                 'experts)')
     if 'dense_layers' in facts:
       app['first_dense_blocks'] = facts['dense_layers']
     if app.get('shared_experts') == 0:
