@@ -221,6 +221,28 @@ def test_node_limited_routing_bounds_the_nodes_a_token_reaches():
     _deepseek_ep32('alltoall')[1].block.ep_fw_time)
 
 
+def test_hidden_dispatch_still_takes_the_processor_share_of_its_tier():
+  """An all-to-all hidden behind compute (moe_comm_overlap) is not free:
+  the compute it overlaps runs slower by the processor share of the tier
+  driving it (Calculon's processor_usage, as for overlapped DP and TP;
+  DeepSeek-V3 section 3.2.2 reserves 20 of 132 SMs for it).  Mixtral on 8
+  GPUs of one node (EP 8 on NVLink, usage 0.15): when the dispatch and
+  combine fit in the window, 0.15 of them shows; without overlap, all."""
+  app = Application.from_dict(MIXTRAL)
+  system = System(H100)
+  fields = dict(tensor_par=1, data_par=8, batch_size=8, microbatch_size=1,
+                expert_par=8, attention_kernel='flash')
+  hidden = evaluation(app, system, moe_comm_overlap='compute', **fields)
+  plain = evaluation(app, system, moe_comm_overlap='none', **fields)
+  usage = system.networks.usage(0)
+  assert usage == 0.15
+  fw = value(hidden.block.ep_fw_time)
+  assert fw < value(hidden.block.fw_time - hidden.block.experts_fw_time)
+  assert value(hidden.block_ep_fw_exposed_s) == pytest.approx(usage * fw,
+                                                              rel=1e-12)
+  assert value(plain.block_ep_fw_exposed_s) == pytest.approx(fw, rel=1e-12)
+
+
 def test_combine_keeps_the_expert_outputs_and_probabilities():
   """Megatron-Core ``moe_utils.unpermute`` multiplies the k expert outputs
   of each token by their router probabilities, then scatter-adds them:

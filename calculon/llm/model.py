@@ -65,6 +65,18 @@ def _pos(x):
   return np.where(x > 0, x, 0)
 
 
+def _hidden_behind(comm, window, usage):
+  """Exposed seconds of ``comm`` seconds of communication overlapped with
+  ``window`` seconds of compute, while the processor share ``usage`` of the
+  tier carrying it drives the transfer: what exceeds the window shows, and
+  the compute it overlaps runs ``usage`` slower (Calculon, Isaev et al.
+  SC'23, section 3: the network's processor usage during overlapped data-
+  and tensor-parallel communication; DeepSeek-AI 2024, DeepSeek-V3 section
+  3.2.2: 20 of an H800's 132 SMs drive the overlapped all-to-all).
+  Arrays broadcast."""
+  return _pos(comm - window) + _min(comm, window) * usage
+
+
 def _min(a, b):
   """Python's min(a, b) (first of equals)."""
   return np.where(b < a, b, a)
@@ -159,6 +171,8 @@ class Evaluation:
       expert_grad_shards=np.where(sharding >= SHARD_GRADIENTS, self.edp, 1))
     self.pp_usage = nets.usage(e.pipeline_par_net)
     self.dp_usage = nets.usage(e.data_par_net)
+    self.cp_usage = nets.usage(e.context_par_net)
+    self.ep_usage = nets.usage(e.expert_par_net)
     self.shape = Shape(app, e, self.ctx)
     self.batch_seq = e.microbatch_size * (app.seq_size // self.cp)
     self.activation_elems = self.batch_seq * app.hidden
@@ -399,15 +413,18 @@ class Evaluation:
 
   @cached_property
   def block_ep_fw_exposed_s(self):
-    """Forward dispatch and combine of a block not hidden."""
-    return _pos(self.block.ep_fw_time - self._ep_hiding_s('fw'))
+    """Forward dispatch and combine of a block not hidden, plus the compute
+    they slow while hidden (:func:`_hidden_behind`)."""
+    return _hidden_behind(self.block.ep_fw_time, self._ep_hiding_s('fw'),
+                          self.ep_usage)
 
   @cached_property
   def block_ep_bw_exposed_s(self):
     """Backward dispatch and combine (and the forward ones again when
     the block is recomputed) not hidden."""
     b = self.block
-    return _pos(b.ep_bw_time + b.ep_re_time - self._ep_hiding_s('bw'))
+    return _hidden_behind(b.ep_bw_time + b.ep_re_time,
+                          self._ep_hiding_s('bw'), self.ep_usage)
 
   @cached_property
   def expert_weight_bytes(self):
@@ -682,14 +699,18 @@ class Evaluation:
   def block_fsdp_fw_exposed_s(self):
     """Forward FSDP traffic not hidden: the next block's all-gather is
     prefetched during this block's forward (FSDP forward prefetch), so
-    only what exceeds the block's forward time shows."""
-    return _pos(self.block_fsdp_fw_s - self.block.fw_time)
+    only what exceeds the block's forward time shows, plus the compute the
+    transfer slows (:func:`_hidden_behind`)."""
+    return _hidden_behind(self.block_fsdp_fw_s, self.block.fw_time,
+                          self.dp_usage)
 
   @cached_property
   def block_fsdp_bw_exposed_s(self):
-    """Backward FSDP traffic not hidden by the block's backward."""
+    """Backward FSDP traffic not hidden by the block's backward (plus the
+    compute it slows, :func:`_hidden_behind`)."""
     b = self.block
-    return _pos(self.block_fsdp_bw_s - (b.agrad_time + b.wgrad_time))
+    return _hidden_behind(self.block_fsdp_bw_s, b.agrad_time + b.wgrad_time,
+                          self.dp_usage)
 
   @cached_property
   def fsdp_comm_link_time_s(self):
@@ -725,10 +746,12 @@ class Evaluation:
   @cached_property
   def block_cp_fw_exposed_s(self):
     """Forward ring time not hidden: each of the cp - 1 transfers overlaps
-    one attention step (1 / cp of the attention core's forward)."""
+    one attention step (1 / cp of the attention core's forward), which it
+    slows (:func:`_hidden_behind`)."""
     fw, _ = self._cp_step_s
     steps = self.cp - 1
-    return steps * _pos(fw - self.block.core_fw_time / self.cp)
+    return steps * _hidden_behind(fw, self.block.core_fw_time / self.cp,
+                                  self.cp_usage)
 
   @cached_property
   def block_cp_bw_exposed_s(self):
@@ -737,7 +760,8 @@ class Evaluation:
     fw, bw = self._cp_step_s
     steps = self.cp - 1
     b = self.block
-    exposed = steps * _pos(bw - b.core_bw_time / self.cp)
+    exposed = steps * _hidden_behind(bw, b.core_bw_time / self.cp,
+                                     self.cp_usage)
     redo = self.exe.activation_recompute != RECOMPUTE_NONE
     return exposed + np.where(redo & self.training,
                               self.block_cp_fw_exposed_s, 0)
