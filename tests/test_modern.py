@@ -542,6 +542,30 @@ def test_rails_apply_to_fsdp_gathers_and_never_slow_a_run():
   assert times[4][0] < times[0][0] / 4          # 8 NICs (latency aside)
 
 
+def test_fsdp_backward_hides_behind_the_recomputed_forward_too():
+  """With full recomputation a block's backward starts with its
+  recomputed forward; the all-gather prefetched for it and the reduce-
+  scatter after it overlap all of that, slowed by the tier's processor
+  share: exposed = max(0, comm - window) + min(comm, window) x usage,
+  window = recompute + backward (PyTorch FSDP backward prefetch)."""
+  system = _system('h100_sxm_80g')
+  for recompute in ('none', 'full'):
+    ev = evaluation(llama(), system=system, tensor_par=1, data_par=16,
+                    tensor_par_net=0, data_par_net=1, batch_size=16,
+                    datatype='bfloat16', data_par_sharding='parameters',
+                    activation_recompute=recompute)
+    b = ev.block
+    comm = value(ev.block_fsdp_bw_s)
+    window = value(b.agrad_time + b.wgrad_time + b.re_time)
+    if recompute == 'none':
+      assert value(b.re_time) == 0
+    else:
+      assert value(b.re_time) > 0
+    usage = system.networks.usage(1)
+    assert value(ev.block_fsdp_bw_exposed_s) == pytest.approx(
+      max(0.0, comm - window) + min(comm, window) * usage, rel=1e-12)
+
+
 def test_bad_rails_is_a_one_line_error():
   cfg = read_json_file(f'{ROOT}/systems/h100_sxm_80g.json')
   cfg['networks'][1]['rails'] = 0

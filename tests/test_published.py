@@ -141,6 +141,19 @@ def test_rows_are_mapped_by_conventions(suite):
   assert system.matrix.peak_flops(DATATYPE_NAMES.index('bfloat16')) == \
     pytest.approx(989.5e12 * 0.922)
   assert 'system.matrix.float8.tflops=x 0.922' in c.assumptions_text()
+  # torchtitan's FSDP2 reduces gradients in float32 (its default); a
+  # plain 1F1B schedule in the notes means one stage per rank, the
+  # interleaved one leaves the stages per rank to the search.
+  assert c.fixed['gradient_datatype'] == 'float32'
+  assert case(suite, 'torchtitan-10').axes['pipeline_interleaving'] == [1]
+  assert case(suite, 'torchtitan-13').axes['pipeline_interleaving'] == [1]
+  assert len(case(suite, 'torchtitan-11').axes['pipeline_interleaving']) > 1
+  rule = next(r for r in suite.mapper.conv.rules
+              if r.name == 'plain 1F1B schedule')
+  assert rule.applies({'notes': 'Table 5: schedule=1F1B, torch.compile'})
+  assert rule.applies({'notes': 'torch.compile + Float8 + 1F1B, local'})
+  assert not rule.applies({'notes': 'schedule=Interleaved 1F1B, full AC'})
+  assert not rule.applies({'notes': 'DeepEP + 1F1B A2A overlap'})
   # Jean Zay's Omni-Path network is in the hardware table.
   c = case(suite, 'bigscience-01')
   assert c.system_set['networks[1].bandwidth'] == 6.25
@@ -216,7 +229,7 @@ def test_published_summary(results):
 
 #: docs/accuracy.md, "Before calibration": median |delta| over the priced
 #: rows.
-DOC_MEDIAN = 12.8
+DOC_MEDIAN = 12.0
 
 
 def test_cli_unseen_sources_are_priced(tmp_path):

@@ -706,10 +706,13 @@ class Evaluation:
 
   @cached_property
   def block_fsdp_bw_exposed_s(self):
-    """Backward FSDP traffic not hidden by the block's backward (plus the
-    compute it slows, :func:`_hidden_behind`)."""
+    """Backward FSDP traffic not hidden by the block's backward, which
+    includes its recomputed forward when it is recomputed (the all-gather
+    is prefetched before it, the reduce-scatter follows it), plus the
+    compute it slows (:func:`_hidden_behind`)."""
     b = self.block
-    return _hidden_behind(self.block_fsdp_bw_s, b.agrad_time + b.wgrad_time,
+    return _hidden_behind(self.block_fsdp_bw_s,
+                          b.agrad_time + b.wgrad_time + b.re_time,
                           self.dp_usage)
 
   @cached_property

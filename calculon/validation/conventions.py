@@ -32,6 +32,8 @@ FLOPS_CONVENTIONS = ('model_full', 'model_causal', 'megatron_eq3')
 #: relative to the system file's ``fused_attention_efficiency`` (the best
 #: kernel of that hardware); a kernel it does not list runs at the file's.
 ATTENTION_IMPLEMENTATIONS = ('fa2', 'fa3', 'cudnn')
+#: Datatypes gradients may be kept and reduced in (``gradient_datatype``).
+GRADIENT_DATATYPES = ('float32', 'bfloat16', 'float16')
 
 #: Settings a rule may fix (or restrict to a list searched): execution
 #: fields and their allowed values (None: a positive integer; 'number': a
@@ -53,6 +55,7 @@ SETTINGS = {
   'expert_tensor_par': None,
   'flops_convention': FLOPS_CONVENTIONS,
   'attention_implementation': ATTENTION_IMPLEMENTATIONS,
+  'gradient_datatype': GRADIENT_DATATYPES,
 }
 #: CSV columns a pattern may look at.
 MATCH_COLUMNS = ('source', 'model_name', 'gpu_type', 'dtype', 'recompute',

@@ -102,6 +102,7 @@ CATEGORIES = {
   'precision_recipe': PRECISION_RECIPE_NAMES,
   'moe_dispatcher': DISPATCHER_NAMES, 'moe_comm_overlap': MOE_OVERLAP_NAMES,
   'checkpoint_layout': CHECKPOINT_LAYOUT_NAMES,
+  'gradient_datatype': DATATYPE_NAMES,
 }
 #: The largest microbatch searched.
 MAX_MICROBATCH = 64
@@ -633,6 +634,11 @@ class Mapper:
         value, why = settings[key]
         fixed[key] = value[0] if isinstance(value, list) else value
         case.assume(key, fixed[key], why)
+    if 'gradient_datatype' in settings:
+      value, why = settings['gradient_datatype']
+      fixed['gradient_datatype'] = value[0] if isinstance(value, list) \
+        else value
+      case.assume('gradient_datatype', fixed['gradient_datatype'], why)
     if 'attention_implementation' in settings:
       value, why = settings['attention_implementation']
       kernel = value[0] if isinstance(value, list) else value
