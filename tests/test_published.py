@@ -146,6 +146,13 @@ def test_rows_are_mapped_by_conventions(suite):
   # interleaved one leaves the stages per rank to the search.
   assert c.fixed['gradient_datatype'] == 'float32'
   assert case(suite, 'torchtitan-10').axes['pipeline_interleaving'] == [1]
+  # ... and, with PP and no stated microbatch, one microbatch per stage
+  # (torchtitan build_pipeline_schedule): local batch 32 / PP 8 = 4.
+  c10 = case(suite, 'torchtitan-10')
+  assert c10.axes['microbatch_size'] == [4]
+  assert 'local batch 32 / PP 8' in dict(
+    (k, w) for k, _, w in c10.assumptions)['microbatch_size']
+  assert len(case(suite, 'narayanan-07').axes['microbatch_size']) > 1
   assert case(suite, 'torchtitan-13').axes['pipeline_interleaving'] == [1]
   assert len(case(suite, 'torchtitan-11').axes['pipeline_interleaving']) > 1
   rule = next(r for r in suite.mapper.conv.rules

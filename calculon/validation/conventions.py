@@ -56,6 +56,9 @@ SETTINGS = {
   'flops_convention': FLOPS_CONVENTIONS,
   'attention_implementation': ATTENTION_IMPLEMENTATIONS,
   'gradient_datatype': GRADIENT_DATATYPES,
+  # Microbatches per data-parallel replica when the row states no
+  # microbatch size: 'pp' (one per pipeline stage, torchtitan's default).
+  'pipeline_microbatches': ('pp',),
 }
 #: CSV columns a pattern may look at.
 MATCH_COLUMNS = ('source', 'model_name', 'gpu_type', 'dtype', 'recompute',

@@ -683,7 +683,15 @@ class Mapper:
     else:
       ok = [m for m in _factors(local) if m <= MAX_MICROBATCH and
             (m * (seq // cp)) % tp == 0]
-      axes['microbatch_size'] = from_rule('microbatch_size', ok, ok)
+      per_stage = local // pp if pp > 1 and local % pp == 0 else None
+      if 'pipeline_microbatches' in settings and per_stage in ok:
+        # One microbatch per pipeline stage (the framework's default).
+        _, why = settings['pipeline_microbatches']
+        axes['microbatch_size'] = [per_stage]
+        case.assume('microbatch_size', per_stage,
+                    f'{why}; local batch {local} / PP {pp}')
+      else:
+        axes['microbatch_size'] = from_rule('microbatch_size', ok, ok)
     # Interleaving.
     blocks = app['num_blocks']
     per_stage = -(-blocks // pp)
