@@ -178,6 +178,14 @@ def test_deepseek_v3():
   assert a.num_parameters() == dense + 2 * moe + h + 2 * 90 * h
   assert a.num_active_parameters() == dense + 2 * moe_active + h + 2 * 90 * h
   assert any('multi-token' in n for n in notes)
+  # Group-limited routing: n_group groups, topk_group of them per token
+  # (modeling_deepseek.py); one group (or none given) is no limit.
+  assert 'moe_router_num_groups' not in app
+  app, _, _ = convert(dict(cfg, n_group=4, topk_group=2))
+  assert (app['moe_router_num_groups'], app['moe_router_group_topk']) == \
+    (4, 2)
+  assert 'moe_router_num_groups' not in convert(dict(cfg, n_group=1,
+                                                     topk_group=1))[0]
   assert any('score-correction' in n for n in notes)
 
 

@@ -61,7 +61,11 @@ def test_conventions_are_checked(tmp_path):
       ("hardware:\n  - match: 'H100'\n    system: h100_sxm_80g\n"
        "    attention_kernels: {fa9: 0.5}\n", 'fa9'),
       ("hardware:\n  - match: 'H100'\n    system: h100_sxm_80g\n"
-       "    attention_kernels: {fa2: 1.5}\n", r'\(0, 1\]')):
+       "    attention_kernels: {fa2: 1.5}\n", r'\(0, 1\]'),
+      ("rules:\n  - name: x\n    match: {source: 'a'}\n    set: "
+       "{pipeline_microbatches: dp}\n", "pipeline_microbatches.*one of pp"),
+      ("rules:\n  - name: x\n    match: {source: 'a'}\n    set: "
+       "{gradient_datatype: float8}\n", 'gradient_datatype.*float32')):
     path = tmp_path / 'conv.yaml'
     path.write_text(bad)
     with pytest.raises(ConfigError, match=needle):
@@ -168,6 +172,30 @@ def test_rows_are_mapped_by_conventions(suite):
   # 0.87), not on Calculon's a100_80g (0.95).
   assert c.system_name == 'a100_sxm_80g'
   assert case(suite, 'narayanan-05').system_name == 'a100_sxm_80g'
+
+
+def test_group_limited_routing_from_the_family_or_the_notes(tmp_path):
+  """A DeepSeek-V3 row inherits the bundled model's node-limited routing
+  (8 groups, 4 per token); notes may state it for any model; a row whose
+  experts the family's groups do not fit drops them, and says so."""
+  def row(model, notes, **cols):
+    r = {k: '' for k in M.FACT_COLUMNS}
+    r.update(source='Acme Labs 2027', model_name=model, num_layers='8',
+             hidden='7168', attn_heads='128', seq_len='4096', num_gpus='64',
+             gpu_type='H100 80GB', tp='1', pp='1', global_batch_size='64',
+             measured_metric_name='tokens_per_sec_per_gpu',
+             measured_value='1000', notes=notes, **cols)
+    return r
+  rows = [row('DeepSeek-V3', 'moe: ep=64'),
+          row('Acme-MoE', 'moe: num_experts=64; top_k=6; ep=8; '
+              'moe_ffn_hidden=1024; router_groups=8; router_group_topk=3'),
+          row('DeepSeek-V3', 'moe: num_experts=60; top_k=6; ep=4')]
+  s = P.Suite(ROOT, [write_csv(tmp_path / 'g.csv', rows)])
+  got = [(c.app.get('moe_router_num_groups'),
+          c.app.get('moe_router_group_topk')) for c in s.cases]
+  assert got == [(8, 4), (8, 3), (None, None)]
+  assert any('group-limited routing' in a for a in s.cases[2].approximations)
+  assert all(c.expressible for c in s.cases)
 
 
 def test_unknown_source_gets_stated_defaults(tmp_path):
