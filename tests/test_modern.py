@@ -566,6 +566,46 @@ def test_fsdp_backward_hides_behind_the_recomputed_forward_too():
       max(0.0, comm - window) + min(comm, window) * usage, rel=1e-12)
 
 
+def test_param_gather_hides_behind_the_next_forward():
+  """Megatron-Core's distributed optimizer with --overlap-param-gather
+  gathers each bucket of updated weights just before its first forward
+  use: the all-gather leaves the backward windows (where Calculon's model
+  puts it with the reduce-scatter) and hides behind the forward, the first
+  block's showing: exposed = g + max(0, (n-1) g - (n-1) f) + min(...) u
+  per stage of n blocks without interleaving.  The traffic on the link is
+  the same; absent (false), the model is Calculon's."""
+  from calculon.llm.model import _hidden_behind
+  system = _system('h100_sxm_80g', rails=None)    # one NIC: DP-bound
+  common = dict(tensor_par=1, data_par=16, tensor_par_net=0,
+                data_par_net=1, batch_size=16, datatype='bfloat16',
+                data_par_sharding='optimizer', data_par_overlap=True)
+  calc = evaluation(llama(), system=system, **common)
+  meg = evaluation(llama(), system=system, param_gather_overlap=True,
+                   **common)
+  assert value(calc._dp_gather_forward_s) == 0.0
+  assert value(meg.dp_comm_link_time_s) == pytest.approx(
+    value(calc.dp_comm_link_time_s), rel=1e-12)
+  g = value(meg._dp_gather_forward_s)
+  assert 0 < g < value(meg.block_dp_time_s)
+  n, f = value(meg.blocks_per_chunk), value(meg.block.fw_time)
+  usage = system.networks.usage(1)
+  assert value(meg._dp_gather_exposed_s) == pytest.approx(
+    g + value(_hidden_behind((n - 1) * g, (n - 1) * f, usage)), rel=1e-12)
+  assert value(meg.dp_comm_exposed_time_s) < value(
+    calc.dp_comm_exposed_time_s)
+  # Without DP overlap the field changes nothing.
+  plain = dict(common, data_par_overlap=False)
+  assert value(evaluation(llama(), system=system, param_gather_overlap=True,
+                          **plain).total_time_s) == value(
+    evaluation(llama(), system=system, **plain).total_time_s)
+  # The field round-trips through the execution JSON.
+  from calculon.config import Execution
+  exe = dict(BASE_EXE, **common, param_gather_overlap=True)
+  exe.pop('optimizer_sharding', None)
+  exe['num_procs'] = 16
+  assert Execution.from_dict(exe).param_gather_overlap is True
+
+
 def test_bad_rails_is_a_one_line_error():
   cfg = read_json_file(f'{ROOT}/systems/h100_sxm_80g.json')
   cfg['networks'][1]['rails'] = 0

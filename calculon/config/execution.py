@@ -124,6 +124,7 @@ OPTIONAL_SPECS = {
   'expert_imbalance': (Spec('number', lo=1), None, 1.0),
   'checkpoint_layout': (Spec('str', choices=CHECKPOINT_LAYOUT_NAMES),
                         CHECKPOINT_LAYOUT_NAMES, 'whole'),
+  'param_gather_overlap': (_BOOL, None, False),
 }
 #: Calculon fields that new-style executions may leave out, with what their
 #: absence means (attention_type: as the application's kv_heads say;
@@ -192,7 +193,12 @@ class Execution:
   checkpoint is the input as the rank holds it, sequence-sharded (1/TP)
   with sequence parallelism -- Megatron-LM checkpoints the block input,
   which sequence parallelism scatters along the sequence, Korthikanti et
-  al. 2022 section 4.2.2; the same as ``whole`` without it).
+  al. 2022 section 4.2.2; the same as ``whole`` without it),
+  param_gather_overlap (with DP overlap and a sharded optimizer, the
+  all-gather of the updated weights hides behind the next step's forward
+  pass, as Megatron-Core's distributed optimizer does with
+  --overlap-param-gather; absent: false, Calculon's model, where it
+  overlaps the backward pass with the reduce-scatter).
   ``attention_type`` and ``optimizer_sharding`` may be left
   out when the application's ``kv_heads`` / ``data_par_sharding`` say.
   """
@@ -232,6 +238,7 @@ class Execution:
   moe_comm_overlap: str = 'none'
   expert_imbalance: float = 1.0
   checkpoint_layout: str = 'whole'
+  param_gather_overlap: bool = False
 
   @classmethod
   def from_dict(cls, cfg, source='<execution>'):
@@ -293,7 +300,8 @@ def _resolve_sharding_flag(record):
 
 
 def _kind_dtype(spec):
-  return np.float64 if spec.kind == 'number' else np.int64
+  return np.float64 if spec.kind == 'number' else \
+    bool if spec.kind == 'bool' else np.int64
 
 
 def _code(names, value):
@@ -322,6 +330,7 @@ class ExecutionColumns:
       value = columns.get(name)
       if value is None:
         value = np.float64(default) if spec.kind == 'number' else \
+          np.bool_(default) if spec.kind == 'bool' else \
           np.int64(default if names is None else _code(names, default))
       setattr(self, name, value)
     if self.optimizer_sharding is None:
@@ -470,7 +479,8 @@ class ExecutionColumns:
         out[name] = int(value)
     for name, (spec, names, default) in OPTIONAL_SPECS.items():
       value = np.broadcast_to(getattr(self, name), self.shape)[index]
-      value = float(value) if spec.kind == 'number' else int(value)
+      value = float(value) if spec.kind == 'number' else \
+        bool(value) if spec.kind == 'bool' else int(value)
       if names is not None:
         value = None if value == UNSET else names[value]
       if value != default:

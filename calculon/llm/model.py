@@ -620,31 +620,69 @@ class Evaluation:
     inner = self.etp * self.ep if experts else self.tp
     return np.minimum(group, np.maximum(size // inner, 1))
 
-  def _dp_group_time_s(self, reduce, gather, dp, experts=False):
+  def _dp_group_time_s(self, reduce, gather, dp, experts=False,
+                       gather_only=False):
     net, tier = self.system.networks, self.exe.data_par_net
     g = self._dp_peers_per_domain(dp, experts)
     with np.errstate(divide='ignore', invalid='ignore'):
+      ag = net.collective_time_s('all_gather', gather, dp, tier, g)
+      if gather_only:
+        return np.where((dp > 1) & self._sharded, ag, 0)
       sharded = net.collective_time_s('reduce_scatter', reduce, dp, tier, g) \
-        + net.collective_time_s('all_gather', gather, dp, tier, g)
+        + ag
       plain = net.collective_time_s('all_reduce', reduce, dp, tier, g)
     return np.where(dp > 1, np.where(self._sharded, sharded, plain), 0)
 
-  def _dp_time_s(self, totals):
+  def _dp_time_s(self, totals, gather_only=False):
     """End-of-batch DP communication of the weights of ``totals``:
     reduce-scatter of the gradients + all-gather of the weights when
     sharded (ZeRO-1/2; Rajbhandari et al. 2020, section 7.2), else an
     all-reduce, over the DP x CP ranks on the DP tier (routed experts over
-    their expert data-parallel ranks)."""
+    their expert data-parallel ranks); ``gather_only``: the all-gather
+    alone (0 where not sharded)."""
     reduce = self._grad_reduce_bytes(totals)
     gather = totals.weight_bytes
     if not self.app.is_moe:
-      t = self._dp_group_time_s(reduce, gather, self.dpcp)
+      t = self._dp_group_time_s(reduce, gather, self.dpcp,
+                                gather_only=gather_only)
     else:
       t = self._dp_group_time_s(reduce, gather - totals.expert_weight_bytes,
-                                self.dpcp) + self._dp_group_time_s(
-        self._grad_reduce_bytes(totals, True), totals.expert_weight_bytes,
-        self.edp, experts=True)
+                                self.dpcp, gather_only=gather_only) + \
+        self._dp_group_time_s(
+          self._grad_reduce_bytes(totals, True), totals.expert_weight_bytes,
+          self.edp, experts=True, gather_only=gather_only)
     return np.where(self._dp_active, t, 0)
+
+  @cached_property
+  def _dp_gather_forward_s(self):
+    """All-gather of one block's updated weights that hides behind the
+    next step's forward pass instead of the backward (``param_gather_
+    overlap`` with DP overlap and a sharded optimizer; Megatron-Core's
+    distributed optimizer with --overlap-param-gather gathers each bucket
+    just before its first forward use, docs/source/api-guide/
+    dist_optimizer.md); 0 elsewhere (Calculon's model)."""
+    e = self.exe
+    on = e.param_gather_overlap & e.data_par_overlap & self._sharded
+    if not np.any(on):
+      return 0.0
+    return np.where(on, self._dp_time_s(self.block, gather_only=True), 0)
+
+  @cached_property
+  def _dp_gather_exposed_s(self):
+    """Exposed part of :attr:`_dp_gather_forward_s` over the stage: the
+    first block's all-gather shows; the rest of the first chunk's hides
+    behind the forward of its earlier blocks (first microbatch), each
+    later chunk's behind the forward of the previous chunk's PP
+    microbatches in flight (the interleaved warm-up), slowed by the DP
+    tier's processor share (:func:`_hidden_behind`)."""
+    g = self._dp_gather_forward_s
+    if np.ndim(g) == 0 and g == 0.0:
+      return 0.0
+    bpc, fw, usage = self.blocks_per_chunk, self.block.fw_time, self.dp_usage
+    first = g + _hidden_behind((bpc - 1) * g, (bpc - 1) * fw, usage)
+    later = (self.interleaving - 1) * _hidden_behind(
+      bpc * g, self.pp * bpc * fw, usage)
+    return first + later
 
   @cached_property
   def block_dp_bytes(self):
@@ -815,7 +853,9 @@ class Evaluation:
       self.edgeblocks_per_chunk * edge_window
     chunk_compute = bpc * compute
 
-    dp_time = self.block_dp_time_s
+    # With param_gather_overlap the all-gather leaves the backward windows
+    # (it hides behind the forward pass, :attr:`_dp_gather_exposed_s`).
+    dp_time = self.block_dp_time_s - self._dp_gather_forward_s
     num_chunks = self.interleaving - 1
     last_size = bpc - 1
     window = pp * chunk_window
@@ -837,9 +877,12 @@ class Evaluation:
     chunk_overlap = chunk_overlap * num_chunks
     net = self.system.networks
     tier = e.data_par_net
+    gather_scalar = np.where(
+      self.exe.param_gather_overlap & self.exe.data_par_overlap, 0,
+      net.scalar['all_gather'][tier]) if np.any(
+        self.exe.param_gather_overlap) else net.scalar['all_gather'][tier]
     scalar = np.where(sharded, net.scalar['reduce_scatter'][tier] +
-                      net.scalar['all_gather'][tier],
-                      net.scalar['all_reduce'][tier])
+                      gather_scalar, net.scalar['all_reduce'][tier])
     size = self.block_dp_bytes
     with np.errstate(divide='ignore', invalid='ignore'):
       req_chunk = np.where(chunk_overlap > 0,
@@ -855,7 +898,7 @@ class Evaluation:
     tail = last_window + last_size * dp_time * usage
     with np.errstate(divide='ignore', invalid='ignore'):
       req_tail = np.where(tail > 0, bpc * size / tail * scalar, 0)
-    return dp_time + exposed, req_chunk, req_tail
+    return dp_time + exposed + self._dp_gather_exposed_s, req_chunk, req_tail
 
   @cached_property
   def dp_comm_exposed_time_s(self):

@@ -59,6 +59,7 @@ SETTINGS = {
   # Microbatches per data-parallel replica when the row states no
   # microbatch size: 'pp' (one per pipeline stage, torchtitan's default).
   'pipeline_microbatches': ('pp',),
+  'param_gather_overlap': 'bool',
 }
 #: CSV columns a pattern may look at.
 MATCH_COLUMNS = ('source', 'model_name', 'gpu_type', 'dtype', 'recompute',

@@ -634,6 +634,12 @@ class Mapper:
         value, why = settings[key]
         fixed[key] = value[0] if isinstance(value, list) else value
         case.assume(key, fixed[key], why)
+    if 'param_gather_overlap' in settings:
+      value, why = settings['param_gather_overlap']
+      fixed['param_gather_overlap'] = bool(
+        value[0] if isinstance(value, list) else value)
+      case.assume('param_gather_overlap', fixed['param_gather_overlap'],
+                  why)
     if 'gradient_datatype' in settings:
       value, why = settings['gradient_datatype']
       fixed['gradient_datatype'] = value[0] if isinstance(value, list) \
