@@ -620,38 +620,45 @@ class Evaluation:
     inner = self.etp * self.ep if experts else self.tp
     return np.minimum(group, np.maximum(size // inner, 1))
 
-  def _dp_group_time_s(self, reduce, gather, dp, experts=False,
-                       gather_only=False):
+  def _dp_group_time_s(self, reduce, gather, dp, experts=False):
+    """(total, all-gather) seconds of one group's end-of-batch DP
+    communication: reduce-scatter + all-gather when sharded, else an
+    all-reduce (the all-gather part 0)."""
     net, tier = self.system.networks, self.exe.data_par_net
     g = self._dp_peers_per_domain(dp, experts)
     with np.errstate(divide='ignore', invalid='ignore'):
       ag = net.collective_time_s('all_gather', gather, dp, tier, g)
-      if gather_only:
-        return np.where((dp > 1) & self._sharded, ag, 0)
       sharded = net.collective_time_s('reduce_scatter', reduce, dp, tier, g) \
         + ag
       plain = net.collective_time_s('all_reduce', reduce, dp, tier, g)
-    return np.where(dp > 1, np.where(self._sharded, sharded, plain), 0)
+    on = dp > 1
+    return (np.where(on, np.where(self._sharded, sharded, plain), 0),
+            np.where(on & self._sharded, ag, 0))
 
-  def _dp_time_s(self, totals, gather_only=False):
-    """End-of-batch DP communication of the weights of ``totals``:
-    reduce-scatter of the gradients + all-gather of the weights when
-    sharded (ZeRO-1/2; Rajbhandari et al. 2020, section 7.2), else an
-    all-reduce, over the DP x CP ranks on the DP tier (routed experts over
-    their expert data-parallel ranks); ``gather_only``: the all-gather
-    alone (0 where not sharded)."""
+  def _dp_times_s(self, totals):
+    """(total, all-gather) seconds of the end-of-batch DP communication of
+    the weights of ``totals``: reduce-scatter of the gradients +
+    all-gather of the weights when sharded (ZeRO-1/2; Rajbhandari et al.
+    2020, section 7.2), else an all-reduce, over the DP x CP ranks on the
+    DP tier (routed experts over their expert data-parallel ranks)."""
     reduce = self._grad_reduce_bytes(totals)
     gather = totals.weight_bytes
     if not self.app.is_moe:
-      t = self._dp_group_time_s(reduce, gather, self.dpcp,
-                                gather_only=gather_only)
+      t, ag = self._dp_group_time_s(reduce, gather, self.dpcp)
     else:
-      t = self._dp_group_time_s(reduce, gather - totals.expert_weight_bytes,
-                                self.dpcp, gather_only=gather_only) + \
-        self._dp_group_time_s(
-          self._grad_reduce_bytes(totals, True), totals.expert_weight_bytes,
-          self.edp, experts=True, gather_only=gather_only)
-    return np.where(self._dp_active, t, 0)
+      t, ag = self._dp_group_time_s(
+        reduce, gather - totals.expert_weight_bytes, self.dpcp)
+      t2, ag2 = self._dp_group_time_s(
+        self._grad_reduce_bytes(totals, True), totals.expert_weight_bytes,
+        self.edp, experts=True)
+      t, ag = t + t2, ag + ag2
+    active = self._dp_active
+    return np.where(active, t, 0), np.where(active, ag, 0)
+
+  def _dp_time_s(self, totals):
+    """End-of-batch DP communication of the weights of ``totals`` (the
+    total of :meth:`_dp_times_s`)."""
+    return self._dp_times_s(totals)[0]
 
   @cached_property
   def _dp_gather_forward_s(self):
@@ -661,11 +668,12 @@ class Evaluation:
     distributed optimizer with --overlap-param-gather gathers each bucket
     just before its first forward use, docs/source/api-guide/
     dist_optimizer.md); 0 elsewhere (Calculon's model)."""
-    e = self.exe
-    on = e.param_gather_overlap & e.data_par_overlap & self._sharded
+    # Used only where data_par_overlap holds (dp_comm_exposed_time_s), so
+    # the mask leaves it out (arrays keep the block's shape).
+    on = self.exe.param_gather_overlap & self._sharded
     if not np.any(on):
       return 0.0
-    return np.where(on, self._dp_time_s(self.block, gather_only=True), 0)
+    return np.where(on, self._block_dp_times_s[1], 0)
 
   @cached_property
   def _dp_gather_exposed_s(self):
@@ -694,9 +702,13 @@ class Evaluation:
     return np.where(self._dp_active, size, 0)
 
   @cached_property
+  def _block_dp_times_s(self):
+    return self._dp_times_s(self.block)
+
+  @cached_property
   def block_dp_time_s(self):
-    """DP communication of one block (see :meth:`_dp_time_s`)."""
-    return self._dp_time_s(self.block)
+    """DP communication of one block (see :meth:`_dp_times_s`)."""
+    return self._block_dp_times_s[0]
 
   # -- FSDP / ZeRO-3 ------------------------------------------------------------
   def _fsdp_times_s(self, totals):
@@ -878,9 +890,9 @@ class Evaluation:
     net = self.system.networks
     tier = e.data_par_net
     gather_scalar = np.where(
-      self.exe.param_gather_overlap & self.exe.data_par_overlap, 0,
-      net.scalar['all_gather'][tier]) if np.any(
-        self.exe.param_gather_overlap) else net.scalar['all_gather'][tier]
+      self.exe.param_gather_overlap, 0, net.scalar['all_gather'][tier]) \
+      if np.any(self.exe.param_gather_overlap) else \
+      net.scalar['all_gather'][tier]
     scalar = np.where(sharded, net.scalar['reduce_scatter'][tier] +
                       gather_scalar, net.scalar['all_reduce'][tier])
     size = self.block_dp_bytes

@@ -161,7 +161,7 @@ def expand(cells, group, axes):
 def flat_columns(spec, group, full, base_cols):
   """:class:`ExecutionColumns` (1-d) of the executions at full indices
   ``full`` of ``group``'s grid; ``base_cols`` gives the scalar columns."""
-  from calculon.llm.search import _BOOL_AXES, tie_columns
+  from calculon.llm.search import _BOOL_AXES
   cols = {}
   for name in vars(base_cols):
     cols[name] = getattr(base_cols, name)
@@ -170,7 +170,6 @@ def flat_columns(spec, group, full, base_cols):
                         dtype=bool if name in _BOOL_AXES else np.int64)
     cols[name] = values[full[:, i]]
   cols['optimizer_sharding'] = None
-  tie_columns(spec, cols)
   return ExecutionColumns(**cols)
 
 
@@ -180,7 +179,7 @@ def cell_columns(spec, group, cells, base):
   dimension, each inner axis along its own (so the block, which does not
   depend on the inner axes, is priced once per cell).  Returns (columns,
   shape); C-order flattening matches :func:`expand`."""
-  from calculon.llm.search import _BOOL_AXES, tie_columns
+  from calculon.llm.search import _BOOL_AXES
   axes = group.axes
   inner = [axes.index(a) for a in INNER_AXES]
   shape = (len(cells),) + tuple(len(group.values[a]) for a in INNER_AXES)
@@ -198,7 +197,6 @@ def cell_columns(spec, group, cells, base):
       dims[0] = len(cells)
       cols[name] = values[cells[:, i]].reshape(dims)
   cols['optimizer_sharding'] = None
-  tie_columns(spec, cols)
   return ExecutionColumns(**cols), shape
 
 
@@ -291,7 +289,7 @@ def search_group(spec, group, top_n, threshold_of):
   """
   from calculon.llm.search import (
     ChunkResult, Chunk, columns, valid_mask, _count_valid,
-    reduced_group, tie_columns)
+    reduced_group)
   res = ChunkResult()
   axes = group.axes
   naxes = len(axes)
@@ -359,7 +357,6 @@ def search_group(spec, group, top_n, threshold_of):
         shape[1 + i] = len(values)
         cols[name] = values.reshape(shape)
     cols['optimizer_sharding'] = None
-    tie_columns(spec, cols)
     grid = ExecutionColumns(**cols)
     full_shape = (k,) + tuple(1 if i in dep else len(reduced.values[axes[i]])
                               for i in range(naxes))

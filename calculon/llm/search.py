@@ -344,6 +344,10 @@ def columns(spec, chunk):
     # Modern frameworks checkpoint the block input as each rank holds it
     # (sequence-sharded with sequence parallelism).
     cols['checkpoint_layout'] = np.int64(CHECKPOINT_AS_INPUT)
+    # Modern frameworks overlapping DP communication also gather the
+    # updated weights behind the next forward pass (Megatron-Core
+    # --overlap-param-gather); it acts only with data_par_overlap.
+    cols['param_gather_overlap'] = np.bool_(True)
   k = len(chunk.prefix)
   for axis, name in enumerate(axes):
     values = g.values[name]
@@ -351,18 +355,7 @@ def columns(spec, chunk):
       values = [values[chunk.prefix[axis]]]
     dtype = bool if name in _BOOL_AXES else np.int64
     cols[name] = _axis_array(values, axis, dtype, len(axes))
-  tie_columns(spec, cols)
   return ExecutionColumns(**cols)
-
-
-def tie_columns(spec, cols):
-  """Sets the columns that follow others (dict ``cols``, in place): in
-  the modern space, frameworks that overlap DP communication also gather
-  the updated weights behind the next forward pass (Megatron-Core
-  --overlap-param-gather), so ``param_gather_overlap`` follows
-  ``data_par_overlap``.  Every column builder of the search calls it."""
-  if spec.modern:
-    cols['param_gather_overlap'] = cols['data_par_overlap']
 
 
 _BOOL_AXES = {'optimizer_sharding', 'seq_par_ag_redo', 'data_par_overlap',
