@@ -406,6 +406,12 @@ def run_sweep(spec, output, scheduler=None, workers=None,
         while not done.is_empty() and not stop.is_set():
           batch = done.next_batch(block=False)
           for fut in batch:
+            if fut.status in ('lost', 'pending'):
+              # Finished on a worker that died before the result was
+              # collected: the scheduler computes it again (the future
+              # is still wanted); wait for that instead of a failure.
+              done.add(fut)
+              continue
             _, p = pending.pop(fut.key)
             out.take(fut, p, sizes[p.id])
           if out.due():
