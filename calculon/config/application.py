@@ -102,6 +102,25 @@ MLA_FIELDS = ('kv_lora_rank', 'qk_nope_head_dim', 'qk_rope_head_dim',
               'v_head_dim')
 
 
+def router_groups_fit(num_experts, top_k, groups, group_topk):
+  """Whether group-limited routing (``groups`` groups of consecutive
+  experts, a token's ``top_k`` experts from ``group_topk`` of them) fits
+  ``num_experts`` experts: the groups divide them and the chosen groups
+  hold top_k experts.  Returns None when it fits, else (the field at
+  fault, what it must satisfy)."""
+  if num_experts % groups != 0:
+    return ('moe_router_num_groups',
+            f'it must divide num_experts ({num_experts})')
+  if group_topk > groups:
+    return ('moe_router_group_topk',
+            f'it must be <= moe_router_num_groups ({groups})')
+  if top_k > group_topk * (num_experts // groups):
+    return ('moe_router_group_topk', f'its {group_topk} group(s) of '
+            f'{num_experts // groups} experts must hold top_k ({top_k}) '
+            'experts')
+  return None
+
+
 @frozen_record
 class Application:
   """Shape of a decoder-only transformer.
@@ -213,17 +232,10 @@ class Application:
         fail('moe_router_group_topk' if groups is not None else
              'moe_router_num_groups', 'group-limited routing needs both '
              'moe_router_num_groups and moe_router_group_topk')
-      if groups is not None:
-        if self.num_experts % groups != 0:
-          fail('moe_router_num_groups', f'it must divide num_experts '
-               f'({self.num_experts})')
-        if group_topk > groups:
-          fail('moe_router_group_topk', f'it must be <= '
-               f'moe_router_num_groups ({groups})')
-        if self.top_k > group_topk * (self.num_experts // groups):
-          fail('moe_router_group_topk', f'its {group_topk} group(s) of '
-               f'{self.num_experts // groups} experts must hold top_k '
-               f'({self.top_k}) experts')
+      misfit = groups is not None and router_groups_fit(
+        self.num_experts, self.top_k, groups, group_topk)
+      if misfit:
+        fail(*misfit)
     mla = [getattr(self, n) is not None for n in MLA_FIELDS]
     if any(mla) or self.q_lora_rank is not None:
       for name, there in zip(MLA_FIELDS, mla):

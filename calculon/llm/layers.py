@@ -993,8 +993,7 @@ class ExpertComm(Layer):
       return (nodes - 1) * plain
     chosen = group_topk * experts / groups
     per_group = experts / groups
-    with np.errstate(divide='ignore', invalid='ignore'):
-      groups_per_node = groups / nodes
+    groups_per_node = groups / nodes
     whole = (np.mod(groups, nodes) == 0)
     split = (np.mod(nodes, groups) == 0) & ~whole
     hit_whole = 0.0

@@ -889,10 +889,8 @@ class Evaluation:
     chunk_overlap = chunk_overlap * num_chunks
     net = self.system.networks
     tier = e.data_par_net
-    gather_scalar = np.where(
-      self.exe.param_gather_overlap, 0, net.scalar['all_gather'][tier]) \
-      if np.any(self.exe.param_gather_overlap) else \
-      net.scalar['all_gather'][tier]
+    gather_scalar = np.where(self.exe.param_gather_overlap, 0,
+                             net.scalar['all_gather'][tier])
     scalar = np.where(sharded, net.scalar['reduce_scatter'][tier] +
                       gather_scalar, net.scalar['all_reduce'][tier])
     size = self.block_dp_bytes

@@ -32,6 +32,7 @@ from calculon.config.execution import (
   MOE_OVERLAP_NAMES, PRECISION_RECIPE_NAMES, RECOMPUTE_FULL,
   RECOMPUTE_NAMES, SHARDING_NAMES, TP_COMM_NAMES, TP_COMM_RS_AG,
   TP_OVERLAP_NAMES)
+from calculon.config.application import router_groups_fit
 from calculon.config.system import OPTIONAL_EFFICIENCIES
 from calculon.errors import ConfigError
 from calculon.io import read_json_file
@@ -405,9 +406,9 @@ class Mapper:
     # not fit (another expert count): dropped, and said.
     groups = app.get('moe_router_num_groups')
     if groups and 'router_groups' not in facts and (
-        not app.get('num_experts') or app['num_experts'] % groups or
-        app.get('top_k', 0) > app.get('moe_router_group_topk', 0) *
-        (app['num_experts'] // groups)):
+        not app.get('num_experts') or not app.get('top_k') or
+        router_groups_fit(app['num_experts'], app['top_k'], groups,
+                          app.get('moe_router_group_topk', groups))):
       app.pop('moe_router_num_groups')
       app.pop('moe_router_group_topk', None)
       case.approximations.append('group-limited routing of the model family '
@@ -629,22 +630,14 @@ class Mapper:
     layout = self.conv.defaults.get('checkpoint_layout')
     if layout:
       fixed['checkpoint_layout'] = layout
-    for key in ('moe_dispatcher', 'expert_imbalance'):
-      if key in settings and app.get('num_experts'):
+    # Settings a rule fixes (never searched); the MoE ones only for MoE.
+    for key in ('moe_dispatcher', 'expert_imbalance', 'gradient_datatype',
+                'param_gather_overlap'):
+      if key in settings and (app.get('num_experts') or
+                              not key.startswith(('moe_', 'expert_'))):
         value, why = settings[key]
         fixed[key] = value[0] if isinstance(value, list) else value
         case.assume(key, fixed[key], why)
-    if 'param_gather_overlap' in settings:
-      value, why = settings['param_gather_overlap']
-      fixed['param_gather_overlap'] = bool(
-        value[0] if isinstance(value, list) else value)
-      case.assume('param_gather_overlap', fixed['param_gather_overlap'],
-                  why)
-    if 'gradient_datatype' in settings:
-      value, why = settings['gradient_datatype']
-      fixed['gradient_datatype'] = value[0] if isinstance(value, list) \
-        else value
-      case.assume('gradient_datatype', fixed['gradient_datatype'], why)
     if 'attention_implementation' in settings:
       value, why = settings['attention_implementation']
       kernel = value[0] if isinstance(value, list) else value
