@@ -181,7 +181,8 @@ def header_lines(data):
           f'{exe.pipeline_interleaving}')
   options = [f'{k} {v}' for k, v in exe.to_dict().items()
              if k in ('data_par_sharding', 'attention_kernel',
-                      'precision_recipe', 'gradient_datatype', 'expert_par',
+                      'precision_recipe', 'quantization_scaling',
+                      'gradient_datatype', 'expert_par',
                       'expert_tensor_par', 'moe_dispatcher',
                       'moe_comm_overlap', 'expert_imbalance')]
   lines = [model]

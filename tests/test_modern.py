@@ -422,6 +422,69 @@ def test_transformer_engine_recipe():
     evaluation(app, H100, precision_recipe='transformer_engine')
 
 
+def test_fp8_casts_are_priced():
+  """Transformer Engine FP8 casts (Layer.quantize_bytes): each narrow
+  linear layer casts its 16-bit input in the forward pass and its output
+  gradient in the backward pass, reading 2 bytes and writing 1 byte twice
+  (row-wise and column-wise copies: FP8 GEMMs take only the TN layout;
+  Transformer Engine, "Using FP8 with Transformer Engine"): 4 bytes per
+  element, a separate memory-bound kernel added to the layer's time.  Keys
+  and values share the query projection's cast (one fused QKV GEMM); the
+  router, the LM head and the uniform recipe cast nothing."""
+  app = llama(num_blocks=2, seq_size=2048)
+  te = evaluation(app, H100, datatype='float8',
+                  precision_recipe='transformer_engine')
+  uni = evaluation(app, H100, datatype='float8')
+  by = lambda ev, n: [l for l in ev.layers if l.name == n][0]
+  m, h, up = 2048, 4096, 2 * 14336
+  mlp1 = by(te, 'MlpBlock_Mlp1')
+  assert value(mlp1.quantize_bytes('fw')) == 4 * m * h
+  assert value(mlp1.quantize_bytes('agrad')) == 4 * m * up
+  assert mlp1.quantize_bytes('wgrad') == 0.0
+  assert value(by(te, 'MlpBlock_Mlp2').quantize_bytes('fw')) == 4 * m * 14336
+  assert value(by(te, 'AttnBlock_Query').quantize_bytes('fw')) == 4 * m * h
+  assert value(by(te, 'AttnBlock_Key').quantize_bytes('fw')) == 0.0
+  assert value(by(te, 'AttnBlock_Key').quantize_bytes('agrad')) == \
+    4 * m * 8 * 128
+  cast_s = H100.mem1.time_s(4.0 * m * h)
+  assert value(mlp1.processing_time_s('fw')) == pytest.approx(
+    value(H100.processing_time_s(mlp1.flops_time_s('fw'),
+                                 mlp1.kernel_mem_time_s('fw'))) + cast_s,
+    rel=1e-12)
+  assert value(mlp1.mem_bytes('fw')) == value(
+    mlp1.kernel_mem_bytes('fw')) + 4 * m * h
+  assert value(by(uni, 'MlpBlock_Mlp1').quantize_bytes('fw')) == 0.0
+  moe = evaluation(Application.from_dict(dict(
+    llama(num_blocks=2, seq_size=2048).to_dict(), num_experts=8, top_k=2,
+    moe_ffn_hidden=14336)), H100, datatype='float8',
+    precision_recipe='transformer_engine')
+  assert by(moe, 'Moe_Router').quantize_bytes('fw') == 0.0
+  experts = by(moe, 'Moe_Experts_Mlp1')
+  assert value(experts.quantize_bytes('fw')) == 4 * value(experts.inputs)
+
+
+def test_quantization_scaling_bytes():
+  """Bytes per element cast: 2 read + 2 x 1 written for FP8 with delayed
+  scaling; + 2 for current scaling's amax read; + one 1-byte scale per 32
+  elements per copy for MXFP8 (OCP MX v1.0) and per 16 for NVFP4."""
+  from calculon.config.execution import SCALING_NAMES
+  from calculon.llm.model import quantize_bytes_per_element as q
+  code = SCALING_NAMES.index
+  assert q(2.0, 1.0, code('delayed')) == 4.0
+  assert q(2.0, 1.0, code('current')) == 6.0
+  assert q(2.0, 1.0, code('block')) == 4.0 + 2 / 32
+  assert q(2.0, 0.5, code('block')) == 3.0 + 2 / 16
+  app = llama(num_blocks=2, seq_size=2048)
+  times = {s: value(evaluation(app, H100, datatype='float8',
+                               precision_recipe='transformer_engine',
+                               quantization_scaling=s).total_time_s)
+           for s in SCALING_NAMES}
+  assert times['delayed'] < times['block'] < times['current']
+  with pytest.raises(ConfigError, match="field 'quantization_scaling' = "
+                     '"amax" is not allowed'):
+    Execution.from_dict(dict(BASE_EXE, quantization_scaling='amax'))
+
+
 def test_calculon_files_mean_calculon():
   """No optional field: every statistic as before (the golden parity test
   covers Calculon's cases; here a modern-looking but Calculon-expressible

@@ -85,6 +85,12 @@ def _common(p, formats):
                  default=None, help='modern space: precision recipe of '
                  "every candidate (default: 'transformer_engine' for float8 "
                  "and float4, else 'uniform')")
+  p.add_argument('--quantization-scaling', default='delayed',
+                 choices=('delayed', 'current', 'block'),
+                 help='modern space, Transformer Engine recipe: how the '
+                 "casts to the narrow datatype find their scales ('delayed', "
+                 "the default: from earlier steps' amax; 'current': an amax "
+                 "pass before each cast; 'block': MXFP8/NVFP4 block scales)")
   p.add_argument('--gradient-datatype', default='float32',
                  choices=('float32', 'bfloat16', 'float16', 'calculon'),
                  help='modern space: gradients kept and reduced in this '
@@ -135,6 +141,7 @@ def _spec(args):
                       allow_dp_overlap=not args.no_dp_overlap,
                       space=args.space,
                       precision_recipe=args.precision_recipe,
+                      quantization_scaling=args.quantization_scaling,
                       gradient_datatype=grads, prune=not args.no_prune)
 
 

@@ -38,6 +38,9 @@ TP_OVERLAP_NAMES = ('none', 'ring', 'pipe')
 SHARDING_NAMES = ('none', 'optimizer', 'gradients', 'parameters')
 ATTENTION_KERNEL_NAMES = ('standard', 'flash')
 PRECISION_RECIPE_NAMES = ('uniform', 'transformer_engine')
+#: How the narrow linear layers' scaling factors are found (see
+#: ``quantization_scaling``).
+SCALING_NAMES = ('delayed', 'current', 'block')
 DISPATCHER_NAMES = ('alltoall', 'allgather', 'deepep')
 MOE_OVERLAP_NAMES = ('none', 'shared_experts', 'compute')
 #: Where full recomputation's block-input checkpoints live: ``whole`` (every
@@ -55,6 +58,7 @@ ATTENTION_AUTO, ATTENTION_MULTIHEAD, ATTENTION_MULTIQUERY, \
 SHARD_NONE, SHARD_OPTIMIZER, SHARD_GRADIENTS, SHARD_PARAMETERS = 0, 1, 2, 3
 KERNEL_STANDARD, KERNEL_FLASH = 0, 1
 RECIPE_UNIFORM, RECIPE_TE = 0, 1
+SCALING_DELAYED, SCALING_CURRENT, SCALING_BLOCK = 0, 1, 2
 DISPATCH_ALLTOALL, DISPATCH_ALLGATHER, DISPATCH_DEEPEP = 0, 1, 2
 MOE_OVERLAP_NONE, MOE_OVERLAP_SHARED, MOE_OVERLAP_COMPUTE = 0, 1, 2
 CHECKPOINT_WHOLE, CHECKPOINT_AS_INPUT = 0, 1
@@ -125,6 +129,8 @@ OPTIONAL_SPECS = {
   'checkpoint_layout': (Spec('str', choices=CHECKPOINT_LAYOUT_NAMES),
                         CHECKPOINT_LAYOUT_NAMES, 'whole'),
   'param_gather_overlap': (_BOOL, None, False),
+  'quantization_scaling': (Spec('str', choices=SCALING_NAMES), SCALING_NAMES,
+                           'delayed'),
 }
 #: Calculon fields that new-style executions may leave out, with what their
 #: absence means (attention_type: as the application's kv_heads say;
@@ -198,7 +204,14 @@ class Execution:
   all-gather of the updated weights hides behind the next step's forward
   pass, as Megatron-Core's distributed optimizer does with
   --overlap-param-gather; absent: false, Calculon's model, where it
-  overlaps the backward pass with the reduce-scatter).
+  overlaps the backward pass with the reduce-scatter),
+  quantization_scaling (with the Transformer Engine recipe, how the casts
+  to the narrow datatype find their scales: 'delayed' from the amax
+  history of earlier steps, Transformer Engine's DelayedScaling; 'current'
+  from an amax pass over the tensor before the cast, Transformer Engine's
+  Float8CurrentScaling and torchao's dynamic tensorwise float8; 'block'
+  one scale per 32 (MXFP8) or 16 (NVFP4) elements found in the cast
+  kernel; absent: 'delayed').
   ``attention_type`` and ``optimizer_sharding`` may be left
   out when the application's ``kv_heads`` / ``data_par_sharding`` say.
   """
@@ -239,6 +252,7 @@ class Execution:
   expert_imbalance: float = 1.0
   checkpoint_layout: str = 'whole'
   param_gather_overlap: bool = False
+  quantization_scaling: str = 'delayed'
 
   @classmethod
   def from_dict(cls, cfg, source='<execution>'):

@@ -170,6 +170,7 @@ def build_block(app, exe, ctx, moe=False):
   for name in ('AttnBlock_Key', 'AttnBlock_Value'):
     add(Linear, name, batch_seq, h, shape.kv_local, recompute=full,
         activation_stored=False, activation_reused=True,
+        quantizes_input=False,
         present=False if app.is_mla else (plain | ~kv_sharded))
   if app.is_mla:
     rope = heads // tp * app.qk_rope_head_dim + app.qk_rope_head_dim

@@ -71,6 +71,9 @@ class BlockContext:
     activation element moved or kept), linear_act_bytes (bytes per stored
     input of a linear layer), linear_weight_bytes, other_weight_bytes
     (bytes kept per weight element).
+    quantize_bytes: bytes moved per element a narrow linear layer casts
+      from 16-bit to its narrow datatype (0: no casts; see
+      :meth:`Layer.quantize_bytes`).
   """
 
   def __init__(self, system, dtype, bytes_per_element, optimizer_shards, tp,
@@ -79,7 +82,7 @@ class BlockContext:
                linear_dtype=None, other_dtype=None, io_bytes=None,
                linear_act_bytes=None, linear_weight_bytes=None,
                other_weight_bytes=None, expert_optimizer_shards=None,
-               expert_grad_shards=None):
+               expert_grad_shards=None, quantize_bytes=0.0):
     self.system = system
     self.dtype = dtype
     self.bytes_per_element = bytes_per_element
@@ -107,6 +110,7 @@ class BlockContext:
     self.expert_optimizer_shards = given(expert_optimizer_shards,
                                          self.optimizer_shards)
     self.expert_grad_shards = given(expert_grad_shards, self.grad_shards)
+    self.quantize_bytes = quantize_bytes
 
 
 class Layer:
@@ -124,6 +128,10 @@ class Layer:
     activation_reused: its input activation is counted by another layer.
     activation_stored / output_stored: kept until the backward pass.
     present: the layer exists for this execution (bool array or True).
+    quantized_inputs, quantized_grads: elements a narrow linear layer casts
+      to its narrow datatype in the forward pass (its input) and in the
+      backward pass (the gradient of its output); see
+      :meth:`quantize_bytes`.
   """
 
   matrix = False
@@ -137,7 +145,8 @@ class Layer:
                wgrad_flops=0.0, inputs=0.0, outputs=0.0, activation=0.0,
                activation_grads=0.0, weights=0.0, weight_grads=0.0, optim=0.0,
                recompute=False, recomm=False, activation_reused=False,
-               activation_stored=True, output_stored=True, present=True):
+               activation_stored=True, output_stored=True, present=True,
+               quantized_inputs=0.0, quantized_grads=0.0):
     self.name = name
     self.ctx = ctx
     self.fw_flops = fw_flops
@@ -165,6 +174,8 @@ class Layer:
     self.act_bpe = ctx.linear_act_bytes if narrow else ctx.io_bytes
     self.weight_bpe = ctx.linear_weight_bytes if narrow else \
       ctx.other_weight_bytes
+    self.quantized_inputs = quantized_inputs if narrow else 0.0
+    self.quantized_grads = quantized_grads if narrow else 0.0
 
   def _memo(self, key, fn):
     if key not in self._cache:
@@ -208,8 +219,9 @@ class Layer:
       self.bpe
     return where(self.weights == 0, 0.0, mem)
 
-  def mem_bytes(self, stage):
-    """Bytes moved to/from memory tier 1 in ``stage``."""
+  def kernel_mem_bytes(self, stage):
+    """Bytes the layer's own kernel moves to/from memory tier 1 in
+    ``stage``."""
     if stage == 'fw':
       return self.fw_mem_bytes()
     if stage == 'agrad':
@@ -217,6 +229,45 @@ class Layer:
     if stage == 'wgrad':
       return self.wgrad_mem_bytes()
     return self.optimizer_bytes()
+
+  def quantize_bytes(self, stage):
+    """Bytes moved by the casts of a narrow (FP8/FP4) linear layer under
+    the Transformer Engine recipe, separate memory-bound kernels before its
+    GEMMs: the forward pass casts the layer's 16-bit input, the backward
+    pass the gradient of its output.  Each cast reads the 16-bit tensor and
+    writes it twice in the narrow datatype, row-wise for one GEMM and
+    column-wise (transposed) for the other, because FP8 tensor cores take
+    only the TN layout, so the weight-gradient GEMM needs the input and the
+    output gradient transposed (NVIDIA Transformer Engine documentation,
+    "Using FP8 with Transformer Engine" and its ``Float8Tensor`` row-wise /
+    column-wise usages; Micikevicius et al. 2022, "FP8 Formats for Deep
+    Learning", section 4).  ``ctx.quantize_bytes`` per element: 2 + 2 x 1
+    = 4 for FP8 with delayed scaling, plus 2 for current scaling's amax
+    read and the block scales for MXFP8/NVFP4 (see
+    :func:`calculon.llm.model.quantize_bytes_per_element`).  Not priced:
+    casts fused into a preceding norm, and the weight casts (once per step
+    with Transformer Engine's first-microbatch weight cache, under 1 % of a
+    step).  Zero for every other layer and recipe (Calculon)."""
+    per_elem = self.ctx.quantize_bytes
+    if stage == 'fw':
+      elems = self.quantized_inputs
+    elif stage == 'agrad':
+      elems = self.quantized_grads
+    else:
+      return 0.0
+    if (np.ndim(elems) == 0 and elems == 0) or \
+       (np.ndim(per_elem) == 0 and per_elem == 0):
+      return 0.0
+    return elems * per_elem
+
+  def mem_bytes(self, stage):
+    """Bytes moved to/from memory tier 1 in ``stage``: the layer's kernel
+    and its casts (:meth:`quantize_bytes`)."""
+    quantize = self.quantize_bytes(stage)
+    kernel = self.kernel_mem_bytes(stage)
+    if np.ndim(quantize) == 0 and quantize == 0:
+      return kernel
+    return kernel + quantize
 
   def flops_time_s(self, stage):
     """Compute time of ``stage`` on the matrix (GEMM layers) or vector
@@ -229,17 +280,43 @@ class Layer:
       return engine.time_s(dtype, flops)
     return self._memo(('flops_time', stage), compute)
 
+  def kernel_mem_time_s(self, stage):
+    """Memory time of the layer's kernel in ``stage`` at tier-1 bandwidth
+    for its access size."""
+    return self._memo(('kernel_mem_time', stage), lambda: self.ctx.system.
+                      mem1.time_s(self.kernel_mem_bytes(stage)))
+
+  def quantize_time_s(self, stage):
+    """Time of the casts of ``stage`` (:meth:`quantize_bytes`), memory
+    bound at tier-1 bandwidth for their size; added to the layer's time
+    as separate kernels."""
+    def compute():
+      quantize = self.quantize_bytes(stage)
+      if np.ndim(quantize) == 0 and quantize == 0:
+        return 0.0
+      with np.errstate(divide='ignore', invalid='ignore'):
+        t = self.ctx.system.mem1.time_s(quantize)
+      return where(quantize > 0, np.nan_to_num(t), 0.0)
+    return self._memo(('quantize_time', stage), compute)
+
   def mem_time_s(self, stage):
-    """Memory time of ``stage`` at tier-1 bandwidth for its access size."""
-    return self._memo(('mem_time', stage), lambda: self.ctx.system.mem1.time_s(
-      self.mem_bytes(stage)))
+    """Memory time of ``stage``: the kernel's and its casts'."""
+    quantize = self.quantize_time_s(stage)
+    if np.ndim(quantize) == 0 and quantize == 0:
+      return self.kernel_mem_time_s(stage)
+    return self.kernel_mem_time_s(stage) + quantize
 
   def processing_time_s(self, stage):
-    """Time of ``stage``: compute and memory combined per the system's
-    processing mode (roofline or no overlap)."""
-    return self._memo(('proc', stage), lambda: self.ctx.system.
-                      processing_time_s(self.flops_time_s(stage),
-                                        self.mem_time_s(stage)))
+    """Time of ``stage``: the kernel's compute and memory combined per the
+    system's processing mode (roofline or no overlap), plus its casts."""
+    def compute():
+      t = self.ctx.system.processing_time_s(self.flops_time_s(stage),
+                                            self.kernel_mem_time_s(stage))
+      quantize = self.quantize_time_s(stage)
+      if np.ndim(quantize) == 0 and quantize == 0:
+        return t
+      return t + quantize
+    return self._memo(('proc', stage), compute)
 
   # -- Communication (only tensor-parallel layers communicate) ----------------
   def comm_bytes(self, stage, edge):
@@ -304,18 +381,24 @@ class Linear(Layer):
 
   ``narrow=False`` keeps it in 16-bit under Transformer Engine (the LM head,
   as Megatron-LM and DeepSeek-V3 do, arXiv:2412.19437 section 3.3).
+  ``quantizes_input=False``: its input is cast once by a layer sharing it
+  (keys and values share the query projection's input: one fused QKV GEMM
+  in Megatron-Core, ``linear_qkv``).
   """
 
   matrix = True
   linear = True
 
-  def __init__(self, name, ctx, m, n, k, narrow=True, **flags):
+  def __init__(self, name, ctx, m, n, k, narrow=True, quantizes_input=True,
+               **flags):
     self.narrow = narrow
     super().__init__(name, ctx, fw_flops=2.0 * m * n * k,
                      agrad_flops=2.0 * m * n * k, wgrad_flops=2.0 * m * n * k,
                      inputs=m * n, outputs=m * k, weights=n * k,
                      weight_grads=n * k, activation=m * n,
-                     activation_grads=m * k, optim=2 * n * k, **flags)
+                     activation_grads=m * k, optim=2 * n * k,
+                     quantized_inputs=m * n if quantizes_input else 0.0,
+                     quantized_grads=m * k, **flags)
 
 
 class LinearOverlapped(Layer):
@@ -346,11 +429,18 @@ class LinearOverlapped(Layer):
       # Gradient of the (sharded) output plus the communication buffer.
       tile = m * k // tp
       act_grad = where(seq_par, tile, m * k) + where(seq_par, tile, m * k)
+    # Casts (Layer.quantize_bytes) act on this rank's shard before the
+    # narrow all-gather: the input of an all-gathered GEMM and the output
+    # gradient of a reduce-scattered one are 1/tp of the GEMM's with
+    # sequence parallelism.
+    q_in = where(seq_par, m * n // tp, m * n) if not conjugate else m * n
+    q_grad = where(seq_par, m * k // tp, m * k) if conjugate else m * k
     super().__init__(name, ctx, fw_flops=2.0 * m * n * k,
                      agrad_flops=2.0 * m * n * k, wgrad_flops=2.0 * m * n * k,
                      inputs=m * n, outputs=m * k, weights=n * k,
                      weight_grads=n * k, activation=act,
-                     activation_grads=act_grad, optim=2 * n * k, **flags)
+                     activation_grads=act_grad, optim=2 * n * k,
+                     quantized_inputs=q_in, quantized_grads=q_grad, **flags)
 
   def _split(self, edge):
     # Reduce-scatter/all-gather instead of all-reduce: always with sequence
@@ -411,7 +501,10 @@ class LinearOverlapped(Layer):
     return self._memo(('net', stage, edge), compute)
 
   def processing_time_s(self, stage):
-    return self._tiled(stage)[0]
+    quantize = self.quantize_time_s(stage)
+    if np.ndim(quantize) == 0 and quantize == 0:
+      return self._tiled(stage)[0]
+    return self._tiled(stage)[0] + quantize
 
   def exposed_time_for_stage_s(self, stage):
     """Exposed communication of ``stage`` (base block) after tiling."""
@@ -425,7 +518,7 @@ class LinearOverlapped(Layer):
       system = ctx.system
       flop_time = self.flops_time_s(stage)
       flop_slowed = flop_time / (1 - usage)
-      mem_time = self.mem_time_s(stage)
+      mem_time = self.kernel_mem_time_s(stage)
       net_time = self.net_time_s(stage, False)
       plain = system.processing_time_s(flop_time, mem_time)
       if np.ndim(net_time) == 0 and net_time == 0:
@@ -866,7 +959,9 @@ class GroupedLinear(Layer):
                      weights=experts * n * k, weight_grads=experts * n * k,
                      activation=experts * m * n,
                      activation_grads=experts * m * k,
-                     optim=2 * experts * n * k, **flags)
+                     optim=2 * experts * n * k,
+                     quantized_inputs=experts * m * n,
+                     quantized_grads=experts * m * k, **flags)
 
   def flops_time_s(self, stage):
     if stage == 'optim':

@@ -22,8 +22,8 @@ import numpy as np
 
 from calculon.config.execution import (
   CHECKPOINT_AS_INPUT, DATATYPE_BYTES, DATATYPE_NAMES, RECIPE_TE,
-  RECOMPUTE_FULL, RECOMPUTE_NONE, SHARD_GRADIENTS, SHARD_OPTIMIZER,
-  SHARD_PARAMETERS, TP_COMM_AR, UNSET)
+  RECOMPUTE_FULL, RECOMPUTE_NONE, SCALING_BLOCK, SCALING_CURRENT,
+  SHARD_GRADIENTS, SHARD_OPTIMIZER, SHARD_PARAMETERS, TP_COMM_AR, UNSET)
 from calculon.llm.block import (
   BlockMix, BlockTotals, Shape, build_block, build_embedding, build_head,
   moe_blocks_in_busiest_stage)
@@ -34,6 +34,42 @@ _BYTES_TABLE = np.array([DATATYPE_BYTES[d] for d in DATATYPE_NAMES],
                         dtype=float)
 _BF16 = DATATYPE_NAMES.index('bfloat16')
 _FP16 = DATATYPE_NAMES.index('float16')
+
+#: Elements per scale of the block-scaled formats: MXFP8 (OCP Microscaling
+#: Formats specification v1.0, section 5: 32-element blocks, one 8-bit
+#: E8M0 scale) and NVFP4 (NVIDIA, "Introducing NVFP4", 2025: 16-element
+#: blocks, one 8-bit E4M3 scale).
+_BLOCK_ELEMENTS = {1: 32, 0.5: 16}
+
+
+def quantize_bytes_per_element(io_bytes, narrow_bytes, scaling):
+  """Bytes moved per element cast from 16 bits to a narrow datatype
+  (:meth:`~calculon.llm.layers.Layer.quantize_bytes`).
+
+  Args (arrays broadcastable over the executions):
+    io_bytes: bytes of the 16-bit source (2).
+    narrow_bytes: bytes of the narrow datatype (1 for FP8, 0.5 for FP4).
+    scaling: ``quantization_scaling`` code.
+
+  Returns:
+    ``io_bytes`` read plus two narrow copies written (row-wise and
+    column-wise); current scaling reads the source once more for its amax
+    (Transformer Engine ``Float8CurrentScaling``; torchao float8
+    "dynamic" tensorwise scaling computes amax, then casts); block scaling
+    also writes one 1-byte scale per block for each copy.
+  """
+  base = io_bytes + 2.0 * narrow_bytes
+  block = 2.0 / np.where(narrow_bytes < 1, _BLOCK_ELEMENTS[0.5],
+                         _BLOCK_ELEMENTS[1])
+  return base + np.where(scaling == SCALING_CURRENT, io_bytes, 0.0) + \
+    np.where(scaling == SCALING_BLOCK, block, 0.0)
+
+
+def _scalar_if_zero(x):
+  """``x``, or the scalar 0.0 when every element is 0 (lets layers skip
+  work that is zero for every execution)."""
+  return 0.0 if not np.any(x) else x
+
 
 # Infeasibility reasons, in the order Calculon checks them.
 OK = 0
@@ -168,7 +204,11 @@ class Evaluation:
       other_weight_bytes=np.where(te, 2.0, bpe),
       expert_optimizer_shards=np.where(sharding >= SHARD_OPTIMIZER, self.edp,
                                        1),
-      expert_grad_shards=np.where(sharding >= SHARD_GRADIENTS, self.edp, 1))
+      expert_grad_shards=np.where(sharding >= SHARD_GRADIENTS, self.edp, 1),
+      quantize_bytes=_scalar_if_zero(np.where(
+        te & (bpe < self.io_bytes),
+        quantize_bytes_per_element(self.io_bytes, bpe,
+                                   e.quantization_scaling), 0.0)))
     self.pp_usage = nets.usage(e.pipeline_par_net)
     self.dp_usage = nets.usage(e.data_par_net)
     self.cp_usage = nets.usage(e.context_par_net)

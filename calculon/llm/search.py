@@ -30,8 +30,8 @@ from calculon.config.execution import (
   ATTENTION_AUTO, ATTENTION_KERNEL_NAMES, CHECKPOINT_AS_INPUT, DATATYPE_NAMES,
   DISPATCHER_NAMES,
   MOE_OVERLAP_NAMES, NARROW_DATATYPES,
-  PRECISION_RECIPE_NAMES, RECOMPUTE_FULL, RECOMPUTE_NAMES, SHARDING_NAMES,
-  TP_COMM_NAMES, TP_COMM_RS_AG, TP_OVERLAP_NAMES, UNSET)
+  PRECISION_RECIPE_NAMES, RECOMPUTE_FULL, RECOMPUTE_NAMES, SCALING_NAMES,
+  SHARDING_NAMES, TP_COMM_NAMES, TP_COMM_RS_AG, TP_OVERLAP_NAMES, UNSET)
 from calculon.llm import space
 from calculon.llm.model import (
   Evaluation, REASON_NAMES, OK, NON_FINITE, ENGINE_ERROR)
@@ -105,6 +105,9 @@ class SearchSpec:
     precision_recipe, gradient_datatype: fixed execution fields of every
       candidate of the modern space (None: 'transformer_engine' for a
       narrow datatype, else 'uniform'; 'float32' gradients).
+    quantization_scaling: the casts' scaling of every candidate of the
+      modern space ('delayed', 'current' or 'block'; acts only with the
+      Transformer Engine recipe).
     prune: skip chunks whose best possible sample rate is below the n-th
       best found so far (exact, see :func:`chunk_rate_bound`; modern space
       only).
@@ -121,6 +124,7 @@ class SearchSpec:
   space: str = 'auto'
   precision_recipe: object = None
   gradient_datatype: object = 'float32'
+  quantization_scaling: str = 'delayed'
   prune: bool = True
 
   def __post_init__(self):
@@ -340,6 +344,8 @@ def columns(spec, chunk):
     cols['gradient_datatype'] = np.int64(
       UNSET if spec.gradient_datatype is None
       else DATATYPE_NAMES.index(spec.gradient_datatype))
+    cols['quantization_scaling'] = np.int64(SCALING_NAMES.index(
+      spec.quantization_scaling))
     cols['optimizer_sharding'] = None
     # Modern frameworks checkpoint the block input as each rank holds it
     # (sequence-sharded with sequence parallelism).

@@ -19,7 +19,7 @@ import re
 from calculon.config.execution import (
   ATTENTION_KERNEL_NAMES, CHECKPOINT_LAYOUT_NAMES, DATATYPE_NAMES,
   DISPATCHER_NAMES, MOE_OVERLAP_NAMES, PRECISION_RECIPE_NAMES, RECOMPUTE_NAMES,
-  SHARDING_NAMES, TP_COMM_NAMES, TP_OVERLAP_NAMES)
+  SCALING_NAMES, SHARDING_NAMES, TP_COMM_NAMES, TP_OVERLAP_NAMES)
 from calculon.config.application import OPTIONAL as APP_OPTIONAL
 from calculon.errors import ConfigError
 
@@ -60,6 +60,7 @@ SETTINGS = {
   # microbatch size: 'pp' (one per pipeline stage, torchtitan's default).
   'pipeline_microbatches': ('pp',),
   'param_gather_overlap': 'bool',
+  'quantization_scaling': SCALING_NAMES,
 }
 #: CSV columns a pattern may look at.
 MATCH_COLUMNS = ('source', 'model_name', 'gpu_type', 'dtype', 'recompute',
@@ -275,11 +276,17 @@ def load(path):
           not 0 < value <= 1:
         _fail(path, f'hardware[{i}].attention_kernels.{name}', value,
               'a number in (0, 1]')
-  datatypes = _table(path, doc, 'datatypes', ('datatype', 'precision_recipe'))
+  datatypes = _table(path, doc, 'datatypes', ('datatype', 'precision_recipe',
+                                               'quantization_scaling'))
   for i, entry in enumerate(datatypes):
     if entry.get('datatype') not in DATATYPE_NAMES:
       _fail(path, f'datatypes[{i}].datatype', entry.get('datatype'),
             'one of ' + ', '.join(DATATYPE_NAMES))
+    for key, names in (('precision_recipe', PRECISION_RECIPE_NAMES),
+                       ('quantization_scaling', SCALING_NAMES)):
+      if key in entry and entry[key] not in names:
+        _fail(path, f'datatypes[{i}].{key}', entry[key],
+              'one of ' + ', '.join(names))
   recompute = _table(path, doc, 'recompute', ('value', 'search',
                                               'approximate'))
   for i, entry in enumerate(recompute):

@@ -30,8 +30,8 @@ from calculon.config.execution import (
   ATTENTION_KERNEL_NAMES, CHECKPOINT_LAYOUT_NAMES, DATATYPE_NAMES,
   DISPATCHER_NAMES, FIELDS,
   MOE_OVERLAP_NAMES, PRECISION_RECIPE_NAMES, RECOMPUTE_FULL,
-  RECOMPUTE_NAMES, SHARDING_NAMES, TP_COMM_NAMES, TP_COMM_RS_AG,
-  TP_OVERLAP_NAMES)
+  RECOMPUTE_NAMES, SCALING_NAMES, SHARDING_NAMES, TP_COMM_NAMES,
+  TP_COMM_RS_AG, TP_OVERLAP_NAMES)
 from calculon.config.application import router_groups_fit
 from calculon.config.system import OPTIONAL_EFFICIENCIES
 from calculon.errors import ConfigError
@@ -104,6 +104,7 @@ CATEGORIES = {
   'moe_dispatcher': DISPATCHER_NAMES, 'moe_comm_overlap': MOE_OVERLAP_NAMES,
   'checkpoint_layout': CHECKPOINT_LAYOUT_NAMES,
   'gradient_datatype': DATATYPE_NAMES,
+  'quantization_scaling': SCALING_NAMES,
 }
 #: The largest microbatch searched.
 MAX_MICROBATCH = 64
@@ -499,6 +500,7 @@ class Mapper:
     row, d = case.row, self.conv.defaults
     have = set(system['matrix']) & set(system['vector'])
     entry = self.conv.first(self.conv.datatypes, row.get('dtype'))
+    scaling = None if entry is None else entry.get('quantization_scaling')
     if entry is None:
       dtype, recipe = d.get('datatype', 'bfloat16'), 'uniform'
       case.assume('datatype', dtype, 'not stated: the default')
@@ -517,6 +519,10 @@ class Mapper:
                           f"{', '.join(sorted(have))})")
     case.fixed['datatype'] = dtype
     case.fixed['precision_recipe'] = recipe
+    if scaling is not None and recipe == 'transformer_engine':
+      case.fixed['quantization_scaling'] = scaling
+      case.assume('quantization_scaling', scaling,
+                  f"dtype column {row.get('dtype')!r} (datatypes table)")
 
   def _settings(self, case):
     """Settings from the rules, then the ``assumptions`` override column:
@@ -631,8 +637,12 @@ class Mapper:
     if layout:
       fixed['checkpoint_layout'] = layout
     # Settings a rule fixes (never searched); the MoE ones only for MoE.
+    narrow = fixed.get('precision_recipe') == 'transformer_engine'
     for key in ('moe_dispatcher', 'expert_imbalance', 'gradient_datatype',
-                'param_gather_overlap'):
+                'param_gather_overlap', 'quantization_scaling'):
+      # The scaling the dtype column names (datatypes table) wins.
+      if key == 'quantization_scaling' and (not narrow or key in fixed):
+        continue
       if key in settings and (app.get('num_experts') or
                               not key.startswith(('moe_', 'expert_'))):
         value, why = settings[key]
