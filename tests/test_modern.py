@@ -18,6 +18,7 @@ from conftest import ROOT
 
 A100 = System(read_json_file(f'{ROOT}/systems/a100_80g.json'))
 H100 = System(read_json_file(f'{ROOT}/systems/h100_80g_nvl8.json'))
+H100_SXM = System(read_json_file(f'{ROOT}/systems/h100_sxm_80g.json'))
 
 BASE_EXE = dict(
   num_procs=1, tensor_par=1, pipeline_par=1, data_par=1, tensor_par_net=0,
@@ -483,6 +484,29 @@ def test_quantization_scaling_bytes():
   with pytest.raises(ConfigError, match="field 'quantization_scaling' = "
                      '"amax" is not allowed'):
     Execution.from_dict(dict(BASE_EXE, quantization_scaling='amax'))
+
+
+def test_fused_attention_head_width():
+  """Fused attention's FLOP rate goes as d / (d + 39) in the head width d
+  (softmax work per score does not grow with d): 0.81 of the width-128
+  rate at 64 (FlashAttention-3 and cuDNN on H100, Shah et al. 2024,
+  figures 5-6, from which 39 comes) and, out of that sample, 1.13x at 256
+  (the paper's forward: 740 against 648 TFLOP/s, 1.14x)."""
+  from calculon.llm.layers import head_dim_factor
+  assert head_dim_factor(128, 128) == 1.0
+  assert head_dim_factor(64, 64) == pytest.approx(0.81, abs=0.005)
+  assert head_dim_factor(256, 256) == pytest.approx(740 / 648, rel=0.02)
+  # The layer's time at width 64 over width 128 (same FLOP: twice the
+  # heads), with the H100 file's fused-attention efficiency.
+  by = lambda ev, n: [l for l in ev.layers if l.name == n][0]
+  t = {}
+  for d in (64, 128):
+    app = llama(num_blocks=2, seq_size=4096, attn_size=d,
+                attn_heads=4096 // d, kv_heads=4096 // d)
+    ev = evaluation(app, H100_SXM, attention_kernel='flash')
+    layer = by(ev, 'AttnBlock_FlashAttention')
+    t[d] = value(layer.flops_time_s('fw')) / value(layer.flops('fw'))
+  assert t[128] / t[64] == pytest.approx(head_dim_factor(64, 64), rel=1e-9)
 
 
 def test_calculon_files_mean_calculon():

@@ -823,6 +823,33 @@ class RoPE(Layer):
 #: FlashAttention-2 tile width along the sequence (Dao 2023,
 #: "FlashAttention-2", section 3.3: block sizes {64, 128}).
 FLASH_TILE = 128
+#: Head width at which fused-attention efficiencies are quoted (the
+#: FlashAttention papers' and the system files' figures are for 128).
+REFERENCE_HEAD_DIM = 128
+#: Per-score work a fused attention kernel does besides its two GEMMs
+#: (softmax: max, exponential, sum, rescale), in head-width units: the
+#: matmul work per score is proportional to the head width d, the softmax
+#: work is not, so the kernel's FLOP rate goes as d / (d + 39).  39 is
+#: what FlashAttention-3's published H100 benchmarks give for head width 64
+#: against 128 (Shah et al. 2024, arXiv 2407.08608, figures 5 and 6,
+#: sequence 16k, BF16, forward and backward weighted by their FLOP 1 : 2.5:
+#: FlashAttention-3 0.82 and cuDNN 0.80 of the head-width-128 rate, i.e.
+#: 0.81 = (128 + x) / (2 (64 + x)), x = 39).  The same figure then gives
+#: head width 256 1.13x the 128 rate; the paper's forward is 1.14x (740
+#: against 648 TFLOP/s).  Section 3 of the paper names the cause: an H100
+#: has 989 TFLOP/s of matmul but 3.9 TFLOP/s of exponential.
+SOFTMAX_HEAD_DIM_EQUIV = 39.0
+
+
+def head_dim_factor(head_size, v_size):
+  """Fused-attention speed at these head widths relative to width 128
+  (:data:`SOFTMAX_HEAD_DIM_EQUIV`): ``r(d) / r(128)`` with ``r(d) = d / (d +
+  39)`` and ``d`` the mean of the query/key and value widths (their two
+  GEMMs; 160 for DeepSeek's MLA, 192 and 128).  1 at 128; about 0.81 at 64;
+  about 1.13 at 256."""
+  d = (head_size + v_size) / 2.0
+  x = SOFTMAX_HEAD_DIM_EQUIV
+  return (d / (d + x)) / (REFERENCE_HEAD_DIM / (REFERENCE_HEAD_DIM + x))
 
 
 def causal_tile_fraction(seq_size):
@@ -864,6 +891,7 @@ class FlashAttention(Layer):
     q_elems = heads * q_len * head_size
     o_elems = heads * q_len * v_size
     self.lse_elems = heads * q_len
+    self.head_dim_factor = head_dim_factor(head_size, v_size)
     super().__init__(name, ctx, fw_flops=fw, agrad_flops=2.0 * fw + 2.0 * qk,
                      inputs=q_elems + kv_elems, outputs=o_elems,
                      activation=q_elems + kv_elems, activation_grads=o_elems,
@@ -881,12 +909,14 @@ class FlashAttention(Layer):
     divided by the system's ``fused_attention_efficiency`` when it has one:
     fused attention does not reach GEMM efficiency (FlashAttention-2 runs
     at about 35 % of an H100's peak where large GEMMs reach 70-80 %; Shah
-    et al. 2024, "FlashAttention-3", section 1 and figure 5; FA3: 75 %)."""
+    et al. 2024, "FlashAttention-3", section 1 and figure 5; FA3: 75 %),
+    and, with it, by :func:`head_dim_factor` (the efficiency is quoted at
+    head width 128)."""
     time = super().flops_time_s(stage)
     eff = self.ctx.system.fused_attention_efficiency
     if eff is None or stage == 'optim':
       return time
-    return time / eff
+    return time / (eff * self.head_dim_factor)
 
 
 class EmbeddingLookup(Layer):
