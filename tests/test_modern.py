@@ -509,6 +509,52 @@ def test_fused_attention_head_width():
   assert t[128] / t[64] == pytest.approx(head_dim_factor(64, 64), rel=1e-9)
 
 
+def test_recompute_modules_dense():
+  """Megatron-Core's --recompute-modules (selective recomputation):
+  'layernorm' recomputes both norms and keeps neither output (the QKV and
+  MLP1 inputs); leaving 'core_attn' out keeps the attention core's inputs
+  and does not recompute it; 'mlp' recomputes MLP1, SwiGLU and MLP2 from
+  the MLP input, keeping neither the SwiGLU input nor the MLP2 input.
+  Absent, the modules are ['core_attn']: Korthikanti et al.'s selective
+  recomputation, unchanged."""
+  app = llama(num_blocks=2, seq_size=2048)
+  run = lambda **kw: evaluation(app, H100_SXM, activation_recompute='selective',
+                                attention_kernel='flash', **kw)
+  by = lambda ev, n: [l for l in ev.layers if l.name == n][0]
+  fw = lambda ev, n: value(by(ev, n).processing_time_s('fw'))
+  act = lambda ev, n: value(by(ev, n).activation_bytes())
+  core = run()
+  assert value(core.total_time_s) == value(
+    run(recompute_modules=['core_attn']).total_time_s)
+  assert value(core.block.re_time) == pytest.approx(
+    fw(core, 'AttnBlock_FlashAttention'), rel=1e-12)
+  norm = run(recompute_modules=['layernorm'])
+  assert value(norm.block.re_time) == pytest.approx(
+    fw(norm, 'AttnBlock_RMSNorm') + fw(norm, 'MlpBlock_RMSNorm'), rel=1e-12)
+  assert value(norm.block.act_storage_bytes) == pytest.approx(
+    value(core.block.act_storage_bytes) - act(core, 'AttnBlock_Multihead_Fork')
+    - act(core, 'MlpBlock_Mlp1') + act(core, 'AttnBlock_FlashAttention'),
+    rel=1e-12)
+  mlp = run(recompute_modules=['core_attn', 'mlp'])
+  assert value(mlp.block.re_time) == pytest.approx(
+    fw(mlp, 'AttnBlock_FlashAttention') + fw(mlp, 'MlpBlock_Mlp1') +
+    fw(mlp, 'MlpBlock_SwiGLU') + fw(mlp, 'MlpBlock_Mlp2'), rel=1e-12)
+  assert value(mlp.block.act_storage_bytes) == pytest.approx(
+    value(core.block.act_storage_bytes) - act(core, 'MlpBlock_SwiGLU') -
+    act(core, 'MlpBlock_Mlp2'), rel=1e-12)
+  assert value(mlp.total_time_s) > value(core.total_time_s)
+  with pytest.raises(ConfigError, match="field 'recompute_modules' = "
+                     r'\["moe"\] is not allowed with activation_recompute = '
+                     '"full"'):
+    evaluation(app, H100, activation_recompute='full',
+               recompute_modules=['moe'])
+  with pytest.raises(ConfigError, match="field 'recompute_modules' = "
+                     r'\["attn"\] is not allowed: a non-empty list of '
+                     'distinct names among core_attn, layernorm'):
+    evaluation(app, H100, activation_recompute='selective',
+               recompute_modules=['attn'])
+
+
 def test_calculon_files_mean_calculon():
   """No optional field: every statistic as before (the golden parity test
   covers Calculon's cases; here a modern-looking but Calculon-expressible

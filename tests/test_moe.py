@@ -281,6 +281,41 @@ def test_experts_are_divided_over_ep_and_load_imbalance_slows():
   assert value(eight.edp) == 1 and value(one.edp) == 8
 
 
+def test_recompute_modules_moe():
+  """Megatron-Core's 'moe' module recomputes the whole MoE layer from its
+  input in the backward pass, its all-to-alls too, and keeps nothing
+  inside it; 'moe_act' recomputes the experts' activation and drops its
+  output (the second expert GEMM's input)."""
+  app = Application.from_dict(dict(MIXTRAL, num_blocks=2))
+  sysm = System(H100)
+  run = lambda **kw: evaluation(app, sysm, data_par=8, batch_size=8,
+                                expert_par=8, attention_kernel='flash',
+                                activation_recompute='selective', **kw)
+  core = run()
+  moe = run(recompute_modules=['core_attn', 'moe'])
+  act = run(recompute_modules=['core_attn', 'moe_act'])
+  layers = {l.name: l for l in core.layers}
+  inner = [n for n in layers if n.startswith('Moe_') and n != 'Moe_Fork']
+  fw = lambda ev, n: value([l for l in ev.layers if l.name == n][0]
+                           .processing_time_s('fw'))
+  assert value(moe.block.re_time) == pytest.approx(
+    value(core.block.re_time) + sum(fw(moe, n) for n in inner), rel=1e-12)
+  assert value(core.block.ep_re_time) == 0
+  assert value(moe.block.ep_re_time) == pytest.approx(
+    value(moe.block.ep_fw_time), rel=1e-12) and value(moe.block.ep_fw_time) > 0
+  kept = sum(value(layers[n].activation_bytes()) for n in inner
+             if value(layers[n].activation_stored))
+  assert kept > 0
+  assert value(moe.block.act_storage_bytes) == pytest.approx(
+    value(core.block.act_storage_bytes) - kept, rel=1e-12)
+  assert value(act.block.re_time) == pytest.approx(
+    value(core.block.re_time) + fw(act, 'Moe_Experts_SwiGLU'), rel=1e-12)
+  assert value(act.block.act_storage_bytes) == pytest.approx(
+    value(core.block.act_storage_bytes) -
+    value(layers['Moe_Experts_Mlp2'].activation_bytes()), rel=1e-12)
+  assert value(moe.mem1_bytes) < value(act.mem1_bytes) < value(core.mem1_bytes)
+
+
 def test_capacity_factor_pads_every_expert():
   """With a capacity factor every expert computes exactly its capacity
   ceil(tokens x k / E x factor) (Fedus et al. 2022, Switch Transformers,

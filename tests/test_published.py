@@ -70,7 +70,9 @@ def test_conventions_are_checked(tmp_path):
        "    quantization_scaling: amax\n",
        r'datatypes\[0\]\.quantization_scaling.*amax.*delayed, current, block'),
       ("rules:\n  - name: x\n    match: {source: 'a'}\n    set: "
-       "{quantization_scaling: rowwise}\n", 'quantization_scaling')):
+       "{quantization_scaling: rowwise}\n", 'quantization_scaling'),
+      ("recompute_modules:\n  - match: 'attn'\n    module: attention\n",
+       r'recompute_modules\[0\]\.module.*attention.*core_attn')):
     path = tmp_path / 'conv.yaml'
     path.write_text(bad)
     with pytest.raises(ConfigError, match=needle):
@@ -128,6 +130,24 @@ def test_quantization_scaling_from_the_dtype_column_and_rules(suite):
   cs = [c for c in suite.cases if 'fp8-cs' in (c.row.get('dtype') or '')]
   assert cs and all(c.fixed['quantization_scaling'] == 'current'
                     for c in cs)
+
+
+def test_recompute_modules_from_the_recompute_column(suite):
+  """A selective row naming Megatron-Core modules recomputes those
+  (recompute_modules table): the model zoo's Qwen3-235B at 32k tokens with
+  --recompute-modules layernorm moe keeps no MoE activation and fits its
+  80 GB H100s (priced over memory while selective meant the attention core
+  alone); a row naming none keeps Korthikanti et al.'s attention core."""
+  c = case(suite, 'megatron-moe-modelzoo-05')
+  assert c.fixed['recompute_modules'] == 'layernorm,moe'
+  res = P.price(c, suite.system(c))
+  assert res.execution['recompute_modules'] == ['layernorm', 'moe']
+  assert not res.over_memory
+  assert case(suite, 'megatron-bridge-13').fixed['recompute_modules'] == \
+    'mla_up_proj,mlp'
+  assert case(suite, 'megatron-moe-modelzoo-01').fixed[
+    'recompute_modules'] == 'layernorm,moe_act'
+  assert 'recompute_modules' not in case(suite, 'torchtitan-19').fixed
 
 
 def test_rows_are_mapped_by_conventions(suite):

@@ -41,6 +41,50 @@ PRECISION_RECIPE_NAMES = ('uniform', 'transformer_engine')
 #: How the narrow linear layers' scaling factors are found (see
 #: ``quantization_scaling``).
 SCALING_NAMES = ('delayed', 'current', 'block')
+#: Megatron-Core's selective-recomputation modules (--recompute-modules;
+#: megatron/core/transformer/transformer_config.py ``recompute_modules``):
+#: the attention core, the two norms, MLA's up projections and RoPE, the
+#: dense MLP, the MoE layer, the experts' activation, the shared experts.
+RECOMPUTE_MODULES = ('core_attn', 'layernorm', 'mla_up_proj', 'mlp', 'moe',
+                     'moe_act', 'shared_experts')
+
+
+def _module_sets():
+  out = []
+  for mask in range(1, 1 << len(RECOMPUTE_MODULES)):
+    out.append(','.join(m for i, m in enumerate(RECOMPUTE_MODULES)
+                        if mask >> i & 1))
+  return tuple(out)
+
+
+#: Every non-empty set of modules as its canonical label (names in
+#: :data:`RECOMPUTE_MODULES` order, comma-joined); code c is the bit mask
+#: c + 1 (bit i: module i).
+RECOMPUTE_MODULE_SETS = _module_sets()
+_CORE_ATTN_ONLY = RECOMPUTE_MODULE_SETS.index('core_attn')
+
+
+def recompute_modules_label(value, source='<execution>',
+                            field='recompute_modules'):
+  """The canonical label of a list (or comma-separated string) of
+  recompute modules.
+
+  Raises:
+    ConfigError: empty, a name not in :data:`RECOMPUTE_MODULES`, or a name
+      twice.
+  """
+  allowed = ('a non-empty list of distinct names among ' +
+             ', '.join(RECOMPUTE_MODULES))
+  names = value.split(',') if isinstance(value, str) else value
+  ok = isinstance(names, (list, tuple)) and names and all(
+    isinstance(n, str) and n.strip() in RECOMPUTE_MODULES for n in names)
+  names = [n.strip() for n in names] if ok else names
+  if not ok or len(set(names)) != len(names):
+    raise ConfigError(
+      f"{source}: field '{field}' = {show(value)} is not "
+      f'allowed: {allowed}', source=source, field=field, value=value,
+      allowed=allowed)
+  return ','.join(m for m in RECOMPUTE_MODULES if m in names)
 DISPATCHER_NAMES = ('alltoall', 'allgather', 'deepep')
 MOE_OVERLAP_NAMES = ('none', 'shared_experts', 'compute')
 #: Where full recomputation's block-input checkpoints live: ``whole`` (every
@@ -131,6 +175,7 @@ OPTIONAL_SPECS = {
   'param_gather_overlap': (_BOOL, None, False),
   'quantization_scaling': (Spec('str', choices=SCALING_NAMES), SCALING_NAMES,
                            'delayed'),
+  'recompute_modules': (Spec('list'), RECOMPUTE_MODULE_SETS, 'core_attn'),
 }
 #: Calculon fields that new-style executions may leave out, with what their
 #: absence means (attention_type: as the application's kv_heads say;
@@ -211,7 +256,15 @@ class Execution:
   from an amax pass over the tensor before the cast, Transformer Engine's
   Float8CurrentScaling and torchao's dynamic tensorwise float8; 'block'
   one scale per 32 (MXFP8) or 16 (NVFP4) elements found in the cast
-  kernel; absent: 'delayed').
+  kernel; absent: 'delayed'), recompute_modules (with
+  activation_recompute 'selective', what is recomputed, as Megatron-Core's
+  --recompute-modules: a list among 'core_attn' (the attention core,
+  Korthikanti et al.'s selective recomputation; absent: this alone),
+  'layernorm' (the two norms; their outputs are not kept), 'mla_up_proj'
+  (MLA's up projections and RoPE; the attention inputs are not kept),
+  'mlp' (the dense MLP from its input), 'moe' (the MoE layer from its
+  input, its all-to-alls too), 'moe_act' (the experts' activation; its
+  output is not kept), 'shared_experts').
   ``attention_type`` and ``optimizer_sharding`` may be left
   out when the application's ``kv_heads`` / ``data_par_sharding`` say.
   """
@@ -253,6 +306,7 @@ class Execution:
   checkpoint_layout: str = 'whole'
   param_gather_overlap: bool = False
   quantization_scaling: str = 'delayed'
+  recompute_modules: object = 'core_attn'
 
   @classmethod
   def from_dict(cls, cfg, source='<execution>'):
@@ -271,6 +325,8 @@ class Execution:
       values[name] = reader.get(name, spec)
     for name, (spec, _, default) in OPTIONAL_SPECS.items():
       values[name] = reader.get(name, spec) if name in cfg else default
+    values['recompute_modules'] = recompute_modules_label(
+      values['recompute_modules'], source)
     reader.meta()
     reader.finish()
     if values['optimizer_sharding'] is None and \
@@ -292,6 +348,8 @@ class Execution:
       value = getattr(self, name)
       if value != default:
         out[name] = value
+    if 'recompute_modules' in out:
+      out['recompute_modules'] = out['recompute_modules'].split(',')
     return out
 
   @property
@@ -387,6 +445,9 @@ class ExecutionColumns:
     cols.setdefault('optimizer_sharding', None)
     for name, (spec, names, default) in OPTIONAL_SPECS.items():
       vals = [r.get(name, default) for r in records]
+      if name == 'recompute_modules':
+        vals = [default if v is None else recompute_modules_label(v)
+                for v in vals]
       if names is not None:
         cols[name] = np.array([_code(names, v) for v in vals],
                               dtype=np.int64)
@@ -498,7 +559,8 @@ class ExecutionColumns:
       if names is not None:
         value = None if value == UNSET else names[value]
       if value != default:
-        out[name] = value
+        out[name] = value.split(',') if name == 'recompute_modules' \
+          else value
     return out
 
   def to_frame(self):
@@ -626,6 +688,13 @@ RULES = (
        lambda c, i: f"= {show(TP_OVERLAP_NAMES[_v(c, 'tensor_par_overlap', i)])}"
        ' is not allowed: TP communication overlap needs tensor_par > 1; use '
        '"none"'),
+  Rule('recompute_modules',
+       lambda c: (c.recompute_modules != _CORE_ATTN_ONLY) & (
+         c.activation_recompute != RECOMPUTE_SELECTIVE),
+       lambda c, i: f"= {show(RECOMPUTE_MODULE_SETS[_v(c, 'recompute_modules', i)].split(','))}"
+       ' is not allowed with activation_recompute = '
+       f"{show(RECOMPUTE_NAMES[_v(c, 'activation_recompute', i)])}: "
+       'modules are chosen only with "selective"'),
   Rule('seq_par_ag_redo',
        lambda c: c.seq_par_ag_redo & (c.tensor_par_comm_type != TP_COMM_RS_AG),
        lambda c, i: '= true is not allowed: redoing the all-gather needs '

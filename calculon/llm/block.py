@@ -11,7 +11,8 @@ order, into per-block, per-microbatch totals.
 import numpy as np
 
 from calculon.config.execution import (
-  RECOMPUTE_FULL, RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, TP_OVERLAP_NONE)
+  RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_MODULES,
+  RECOMPUTE_SELECTIVE, TP_OVERLAP_NONE)
 from calculon.llm.layers import (
   flag, negate, where, BatchMatMul, CrossEntropy, DropOut, ElementWise,
   EmbeddingLookup, FlashAttention, Fork, GeLU, LayerNorm, Linear,
@@ -29,6 +30,17 @@ def _mask(cond):
 def _scalar(x):
   """0-d arrays as numpy scalars (so Python-level tests stay cheap)."""
   return x[()] if isinstance(x, np.ndarray) and x.ndim == 0 else x
+
+
+def recomputed_module(exe, name):
+  """Whether selective recomputation recomputes Megatron-Core module
+  ``name`` (one of :data:`~calculon.config.execution.RECOMPUTE_MODULES`)
+  for executions ``exe`` (bool array): ``recompute_modules`` codes c are
+  the bit masks c + 1."""
+  bit = RECOMPUTE_MODULES.index(name)
+  on = ((np.asarray(exe.recompute_modules) + 1) >> bit) & 1
+  return _mask(np.asarray(
+    (exe.activation_recompute == RECOMPUTE_SELECTIVE) & (on == 1)))
 
 
 class Shape:
@@ -120,11 +132,18 @@ def build_block(app, exe, ctx, moe=False):
   mbs = exe.microbatch_size
 
   full = exe.activation_recompute == RECOMPUTE_FULL
-  # The attention core is recomputed by every mode but none; Calculon's
+  # The attention core is recomputed by full and attn_only; Calculon's
   # attn_only also recomputes from the block input (redoing the f
   # operator, dropping the stored norm output), Megatron-LM's selective
-  # mode (Korthikanti et al. 2022, section 5) only the core.
-  attn_re = exe.activation_recompute != RECOMPUTE_NONE
+  # mode (Korthikanti et al. 2022, section 5) only the core, unless its
+  # modules (Megatron-Core --recompute-modules) leave 'core_attn' out.
+  attn_re = (exe.activation_recompute == RECOMPUTE_FULL) | (
+    exe.activation_recompute == RECOMPUTE_ATTN_ONLY) | \
+    recomputed_module(exe, 'core_attn')
+  # Other modules of selective recomputation: the norms (their outputs
+  # dropped), MLA's up projections (the attention inputs dropped).
+  norm_re = recomputed_module(exe, 'layernorm')
+  mla_re = recomputed_module(exe, 'mla_up_proj')
   attn_recomm = (attn_re & (exe.activation_recompute != RECOMPUTE_SELECTIVE)
                  ) | exe.seq_par_ag_redo
   mlp_recomm = full | exe.seq_par_ag_redo
@@ -145,28 +164,33 @@ def build_block(app, exe, ctx, moe=False):
   # -- attention ---------------------------------------------------------------
   add(Fork, 'AttnBlock_Fork', act_in, 3 if parallel else 2, recompute=full,
       activation_stored=True)
-  add(norm_cls, f'AttnBlock_{norm_name}', act_in, h, recompute=full,
-      activation_stored=False, activation_reused=True)
+  add(norm_cls, f'AttnBlock_{norm_name}', act_in, h,
+      recompute=full | norm_re, activation_stored=False,
+      activation_reused=True)
   if app.is_mla:
     # Multi-head latent attention projections use plain TP (no overlap).
     plain, overlap = np.bool_(True), np.bool_(False)
     kv_sharded = np.bool_(True)
   add(TPComm, 'AttnBlock_F', act, False, recomm=attn_recomm, present=plain)
   if app.is_mla:
-    _mla_projections(app, add, shape, norm_cls, full, attn_recomm, tp)
+    _mla_projections(app, add, shape, norm_cls, full, attn_recomm, tp,
+                     norm_re, mla_re)
   add(Fork, 'AttnBlock_Multihead_Fork', act, 3, recompute=attn_recomm,
-      activation_stored=~attn_recomm,
+      activation_stored=~(attn_recomm | norm_re),
       present=False if app.is_mla else plain)
   add(Linear, 'AttnBlock_Query', batch_seq, h, qkv_width // tp,
       recompute=full, activation_stored=False, activation_reused=True,
       present=False if app.is_mla else plain)
   add(LinearOverlapped, 'AttnBlock_QKV_AG', batch_seq, h,
       qkv_width + 2 * shape.kv_total, False, recompute=full,
-      recomm=attn_recomm, present=overlap & kv_sharded)
+      recomm=attn_recomm, activation_stored=negate(norm_re),
+      present=overlap & kv_sharded)
   add(LinearOverlapped, 'AttnBlock_Query_AG', batch_seq, h, qkv_width, False,
-      recompute=full, recomm=attn_recomm, present=overlap & ~kv_sharded)
+      recompute=full, recomm=attn_recomm, activation_stored=negate(norm_re),
+      present=overlap & ~kv_sharded)
   add(Fork, 'AttnBlock_KV_Fork', act, 2, recompute=attn_recomm,
-      activation_stored=~attn_recomm, present=overlap & ~kv_sharded)
+      activation_stored=~(attn_recomm | norm_re),
+      present=overlap & ~kv_sharded)
   for name in ('AttnBlock_Key', 'AttnBlock_Value'):
     add(Linear, name, batch_seq, h, shape.kv_local, recompute=full,
         activation_stored=False, activation_reused=True,
@@ -174,7 +198,7 @@ def build_block(app, exe, ctx, moe=False):
         present=False if app.is_mla else (plain | ~kv_sharded))
   if app.is_mla:
     rope = heads // tp * app.qk_rope_head_dim + app.qk_rope_head_dim
-    add(RoPE, 'AttnBlock_RoPE', batch_seq * rope, recompute=full)
+    add(RoPE, 'AttnBlock_RoPE', batch_seq * rope, recompute=full | mla_re)
   elif app.pos_embedding == 'rope':
     add(RoPE, 'AttnBlock_RoPE', batch_seq * (qkv_width // tp +
                                              shape.kv_local), recompute=full)
@@ -194,7 +218,7 @@ def build_block(app, exe, ctx, moe=False):
       v_size, recompute=full, present=standard, core=True)
   add(FlashAttention, 'AttnBlock_FlashAttention', heads_local, s_q, s_k,
       head_size, v_size, kv_elems, causal_tile_fraction(app.seq_size),
-      recompute=attn_re, activation_stored=~attn_re, present=flash,
+      recompute=attn_re, activation_stored=~(attn_re | mla_re), present=flash,
       core=True)
   add(Linear, 'AttnBlock_MLP', batch_seq, heads * v_size // tp, h,
       recompute=full, present=plain)
@@ -210,7 +234,7 @@ def build_block(app, exe, ctx, moe=False):
 
   if moe:
     _moe_mlp(app, exe, ctx, add, shape, norm_cls, norm_name, full, parallel,
-             dropout)
+             dropout, norm_re)
     return layers
 
   # -- MLP ---------------------------------------------------------------------
@@ -219,55 +243,66 @@ def build_block(app, exe, ctx, moe=False):
   if not parallel:
     add(Fork, 'MlpBlock_Fork', act_in, 2, recompute=full,
         activation_stored=True)
-  add(norm_cls, f'MlpBlock_{norm_name}', act_in, h, recompute=full,
+  # Megatron-Core's 'mlp' module: the MLP recomputed from its input.
+  mlp_re = recomputed_module(exe, 'mlp')
+  mlp_in = full | mlp_re
+  add(norm_cls, f'MlpBlock_{norm_name}', act_in, h, recompute=full | norm_re,
       activation_stored=False, activation_reused=True)
-  add(TPComm, 'MlpBlock_F', act, False, recomm=mlp_recomm, present=plain)
-  add(Linear, 'MlpBlock_Mlp1', batch_seq, h, up // tp, recompute=full,
-      activation_stored=~mlp_recomm, present=plain)
+  add(TPComm, 'MlpBlock_F', act, False, recomm=mlp_recomm | mlp_re,
+      present=plain)
+  add(Linear, 'MlpBlock_Mlp1', batch_seq, h, up // tp, recompute=mlp_in,
+      activation_stored=~(mlp_recomm | norm_re), present=plain)
   add(LinearOverlapped, 'MlpBlock_Mlp1_AG', batch_seq, h, up, False,
-      recompute=full, recomm=mlp_recomm, present=overlap)
+      recompute=mlp_in, recomm=mlp_recomm | mlp_re,
+      activation_stored=negate(norm_re), present=overlap)
   if app.gated:
     add(SwiGLU, 'MlpBlock_SwiGLU', ff * batch_seq // tp,
-        exe.fused_activation, recompute=full)
+        exe.fused_activation, recompute=mlp_in,
+        activation_stored=negate(mlp_re))
   else:
     add(GeLU, 'MlpBlock_GeLU', ff * batch_seq // tp, exe.fused_activation,
-        recompute=full)
-  add(Linear, 'MlpBlock_Mlp2', batch_seq, ff // tp, h, recompute=full,
-      present=plain)
+        recompute=mlp_in, activation_stored=negate(mlp_re))
+  add(Linear, 'MlpBlock_Mlp2', batch_seq, ff // tp, h, recompute=mlp_in,
+      activation_stored=negate(mlp_re), present=plain)
   if parallel:
     # Attention and MLP partial outputs are summed before one reduction.
     add(ElementWise, 'ParallelBlock_Sum', act, act, recompute=full,
         activation_stored=False, present=plain)
     add(ElementWise, 'ParallelBlock_Sum', act_in, act_in, recompute=full,
         activation_stored=False, present=overlap)
-  add(TPComm, 'MlpBlock_G', act, True, recomm=full, activation_stored=False,
-      present=plain)
+  add(TPComm, 'MlpBlock_G', act, True, recomm=mlp_in,
+      activation_stored=False, present=plain)
   add(LinearOverlapped, 'MlpBlock_Mlp2_RS', batch_seq, ff, h, True,
-      recompute=full, recomm=full, present=overlap)
+      recompute=mlp_in, recomm=mlp_in, activation_stored=negate(mlp_re),
+      present=overlap)
   add(DropOut, 'MlpBlock_DropOut', act_in, recompute=full, present=dropout)
   add(ElementWise, 'MlpBlock_Residual', act_in, act_in, recompute=full,
       activation_stored=False, activation_reused=True)
   return layers
 
 
-def _mla_projections(app, add, shape, norm_cls, full, recomm, tp):
+def _mla_projections(app, add, shape, norm_cls, full, recomm, tp,
+                     norm_re=False, mla_re=False):
   """Multi-head latent attention projections (DeepSeek-AI 2024,
   "DeepSeek-V2", section 2.1.2; Megatron-Core ``MLASelfAttention``): the
   down projections (h -> q_lora_rank and h -> kv_lora_rank + rope dim) are
   replicated over TP, their RMSNorms too, the up projections (to heads x
   (nope + rope) for queries, heads x (nope + v) for keys and values) are
-  split over TP like Q/K/V."""
+  split over TP like Q/K/V.  ``mla_re``: Megatron-Core's 'mla_up_proj'
+  recomputation (the up projections recomputed, their outputs dropped);
+  ``norm_re``: its 'layernorm' (the block's norm output dropped)."""
   h, bs = app.hidden, shape.batch_seq
   a = app.attn_heads
   dn, dr, dv = app.qk_nope_head_dim, app.qk_rope_head_dim, app.v_head_dim
   add(Fork, 'AttnBlock_MLA_Fork', shape.act, 2, recompute=recomm,
-      activation_stored=negate(flag(recomm)))
+      activation_stored=negate(flag(recomm | norm_re)))
   if app.q_lora_rank is not None:
     r = app.q_lora_rank
     add(Linear, 'AttnBlock_Q_Down', bs, h, r, recompute=full,
         activation_stored=False, activation_reused=True)
     add(norm_cls, 'AttnBlock_Q_Norm', bs * r, r, recompute=full)
-    add(Linear, 'AttnBlock_Q_Up', bs, r, a * (dn + dr) // tp, recompute=full)
+    add(Linear, 'AttnBlock_Q_Up', bs, r, a * (dn + dr) // tp,
+        recompute=full | mla_re)
   else:
     add(Linear, 'AttnBlock_Query', bs, h, a * (dn + dr) // tp,
         recompute=full, activation_stored=False, activation_reused=True)
@@ -275,11 +310,12 @@ def _mla_projections(app, add, shape, norm_cls, full, recomm, tp):
   add(Linear, 'AttnBlock_KV_Down', bs, h, r + dr, recompute=full,
       activation_stored=False, activation_reused=True)
   add(norm_cls, 'AttnBlock_KV_Norm', bs * r, r, recompute=full)
-  add(Linear, 'AttnBlock_KV_Up', bs, r, a * (dn + dv) // tp, recompute=full)
+  add(Linear, 'AttnBlock_KV_Up', bs, r, a * (dn + dv) // tp,
+      recompute=full | mla_re)
 
 
 def _moe_mlp(app, exe, ctx, add, shape, norm_cls, norm_name, full, parallel,
-             dropout):
+             dropout, norm_re=False):
   """The MLP part of a Mixture-of-Experts block (Megatron-Core
   ``MoELayer``; Fedus et al. 2022 "Switch Transformers" and Lepikhin et al.
   2020 "GShard" for routing, capacity and dispatch).
@@ -294,7 +330,10 @@ def _moe_mlp(app, exe, ctx, add, shape, norm_cls, norm_name, full, parallel,
   busiest one ``expert_imbalance`` times that (the step waits for it); with
   ``capacity_factor`` every expert computes exactly its capacity
   ceil(... x factor), padded.  Shared experts are a dense MLP of their
-  total width, split over TP as the dense MLP is.
+  total width, split over TP as the dense MLP is.  Selective recomputation
+  of Megatron-Core's modules: 'moe' recomputes the layer (its all-to-alls
+  too) from its input, keeping nothing inside; 'moe_act' the experts'
+  activation, dropping its output; 'shared_experts' the shared experts.
   """
   from calculon.config.execution import (
     DISPATCH_ALLGATHER, DISPATCH_DEEPEP)
@@ -317,59 +356,75 @@ def _moe_mlp(app, exe, ctx, add, shape, norm_cls, norm_name, full, parallel,
   tier = exe.expert_par_net
 
   act_in, act = shape.act_in, shape.act
+  moe_re = recomputed_module(exe, 'moe')
+  act_re = recomputed_module(exe, 'moe_act')
+  shared_re = moe_re | recomputed_module(exe, 'shared_experts')
+  # Inside the MoE layer: recomputed with it, nothing kept.
+  inner = full | moe_re
+  kept = negate(moe_re)
   if not parallel:
     add(Fork, 'MlpBlock_Fork', act_in, 2, recompute=full,
         activation_stored=True)
-  add(norm_cls, f'MlpBlock_{norm_name}', act_in, h, recompute=full,
+  add(norm_cls, f'MlpBlock_{norm_name}', act_in, h, recompute=full | norm_re,
       activation_stored=False, activation_reused=True)
   shared = app.shared_ffn
   add(Fork, 'Moe_Fork', tokens * h, 3 if shared else 2, recompute=full,
-      activation_stored=True)
-  add(Linear, 'Moe_Router', tokens, h, E, narrow=False, recompute=full,
+      activation_stored=negate(norm_re))
+  add(Linear, 'Moe_Router', tokens, h, E, narrow=False, recompute=inner,
       activation_stored=False, activation_reused=True)
-  add(SoftMax, 'Moe_RouterTopK', tokens * E, recompute=full)
-  add(ElementWise, 'Moe_Permute', tokens * k * h, tokens * h, recompute=full,
-      activation_stored=False)
+  add(SoftMax, 'Moe_RouterTopK', tokens * E, recompute=inner,
+      activation_stored=kept)
+  add(ElementWise, 'Moe_Permute', tokens * k * h, tokens * h,
+      recompute=inner, activation_stored=False)
   dispatched = tokens * k * h
   dedup = (deepep, E, k, app.moe_router_num_groups,
            app.moe_router_group_topk)
   add(ExpertComm, 'Moe_Dispatch', dispatched, ep, tier, 'all_to_all',
-      recompute=full, present=alltoall, node_dedup=dedup)
+      recompute=inner, activation_stored=kept, present=alltoall,
+      node_dedup=dedup)
   add(ExpertComm, 'Moe_Dispatch_AG', tokens * h * ep, ep, tier, 'all_gather',
-      recompute=full, present=allgather)
+      recompute=inner, activation_stored=kept, present=allgather)
   add(ExpertComm, 'Moe_Dispatch_ETP', local * per_expert * h, etp,
-      ctx.tp_tier, 'all_gather', recompute=full, present=etp > 1)
+      ctx.tp_tier, 'all_gather', recompute=inner, activation_stored=kept,
+      present=etp > 1)
   add(GroupedLinear, 'Moe_Experts_Mlp1', local, per_expert, h, up,
-      recompute=full)
+      recompute=inner, activation_stored=kept)
   act_size = local * per_expert * width
   if app.gated:
     add(SwiGLU, 'Moe_Experts_SwiGLU', act_size, exe.fused_activation,
-        recompute=full)
+        recompute=inner | act_re, activation_stored=kept)
   else:
     add(GeLU, 'Moe_Experts_GeLU', act_size, exe.fused_activation,
-        recompute=full)
+        recompute=inner | act_re, activation_stored=kept)
   add(GroupedLinear, 'Moe_Experts_Mlp2', local, per_expert, width, h,
-      recompute=full)
+      recompute=inner, activation_stored=negate(moe_re | act_re))
   add(ExpertComm, 'Moe_Combine_ETP', local * per_expert * h, etp,
-      ctx.tp_tier, 'reduce_scatter', recompute=full, present=etp > 1)
+      ctx.tp_tier, 'reduce_scatter', recompute=inner, activation_stored=kept,
+      present=etp > 1)
   add(ExpertComm, 'Moe_Combine', dispatched, ep, tier, 'all_to_all',
-      recompute=full, present=alltoall, node_dedup=dedup)
+      recompute=inner, activation_stored=kept, present=alltoall,
+      node_dedup=dedup)
   add(ExpertComm, 'Moe_Combine_RS', tokens * h * ep, ep, tier,
-      'reduce_scatter', recompute=full, present=allgather)
+      'reduce_scatter', recompute=inner, activation_stored=kept,
+      present=allgather)
   add(WeightedCombine, 'Moe_Unpermute', dispatched, tokens * k,
-      recompute=full)
+      recompute=inner, activation_stored=kept)
   if shared:
     batch_seq = shape.batch_seq
     s_up = 2 * shared if app.gated else shared
-    add(TPComm, 'Shared_F', act, False, recomm=full, present=tp > 1)
-    add(Linear, 'Shared_Mlp1', batch_seq, h, s_up // tp, recompute=full)
+    s_in = full | shared_re
+    s_kept = negate(shared_re)
+    add(TPComm, 'Shared_F', act, False, recomm=s_in, present=tp > 1)
+    add(Linear, 'Shared_Mlp1', batch_seq, h, s_up // tp, recompute=s_in,
+        activation_stored=negate(norm_re))
     cls = SwiGLU if app.gated else GeLU
     add(cls, 'Shared_Act', shared * batch_seq // tp, exe.fused_activation,
-        recompute=full)
-    add(Linear, 'Shared_Mlp2', batch_seq, shared // tp, h, recompute=full)
-    add(TPComm, 'Shared_G', act, True, recomm=full, activation_stored=False,
+        recompute=s_in, activation_stored=s_kept)
+    add(Linear, 'Shared_Mlp2', batch_seq, shared // tp, h, recompute=s_in,
+        activation_stored=s_kept)
+    add(TPComm, 'Shared_G', act, True, recomm=s_in, activation_stored=False,
         present=tp > 1)
-    add(ElementWise, 'Moe_SharedSum', act_in, act_in, recompute=full,
+    add(ElementWise, 'Moe_SharedSum', act_in, act_in, recompute=inner,
         activation_stored=False)
   add(DropOut, 'MlpBlock_DropOut', act_in, recompute=full, present=dropout)
   add(ElementWise, 'MlpBlock_Residual', act_in, act_in, recompute=full,

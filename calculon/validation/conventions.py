@@ -18,8 +18,8 @@ import re
 
 from calculon.config.execution import (
   ATTENTION_KERNEL_NAMES, CHECKPOINT_LAYOUT_NAMES, DATATYPE_NAMES,
-  DISPATCHER_NAMES, MOE_OVERLAP_NAMES, PRECISION_RECIPE_NAMES, RECOMPUTE_NAMES,
-  SCALING_NAMES, SHARDING_NAMES, TP_COMM_NAMES, TP_OVERLAP_NAMES)
+  DISPATCHER_NAMES, MOE_OVERLAP_NAMES, PRECISION_RECIPE_NAMES,
+  RECOMPUTE_MODULES, RECOMPUTE_NAMES, SCALING_NAMES, SHARDING_NAMES, TP_COMM_NAMES, TP_OVERLAP_NAMES)
 from calculon.config.application import OPTIONAL as APP_OPTIONAL
 from calculon.errors import ConfigError
 
@@ -97,6 +97,9 @@ class Conventions:
     defaults: dict of the ``defaults`` section.
     hardware, datatypes, recompute, models: lists of dicts with a compiled
       ``match`` pattern, in file order.
+    recompute_modules: the same, each naming a Megatron-Core module
+      (``module``); every entry matching a selective row's recompute text
+      adds its module.
     sp_yes, sp_no: patterns of the seq_parallel column.
     rules: list of :class:`Rule`; approximations: list of (Rule, text).
   """
@@ -106,6 +109,7 @@ class Conventions:
   datatypes: list
   recompute: list
   models: list
+  recompute_modules: list
   sp_yes: object
   sp_no: object
   rules: list = field(default_factory=list)
@@ -293,6 +297,11 @@ def load(path):
     if not entry.get('search') and entry.get('value') not in RECOMPUTE_NAMES:
       _fail(path, f'recompute[{i}].value', entry.get('value'),
             'one of ' + ', '.join(RECOMPUTE_NAMES) + ' (or search: true)')
+  modules = _table(path, doc, 'recompute_modules', ('module',))
+  for i, entry in enumerate(modules):
+    if entry.get('module') not in RECOMPUTE_MODULES:
+      _fail(path, f'recompute_modules[{i}].module', entry.get('module'),
+            'one of ' + ', '.join(RECOMPUTE_MODULES))
   models = _table(path, doc, 'models', ('file', 'traits'))
   for i, entry in enumerate(models):
     for key in entry.get('traits', {}) or {}:
@@ -302,7 +311,7 @@ def load(path):
   sp = doc.get('seq_parallel', {}) or {}
   return Conventions(
     path=path, defaults=defaults, hardware=hardware, datatypes=datatypes,
-    recompute=recompute, models=models,
+    recompute=recompute, models=models, recompute_modules=modules,
     sp_yes=_regex(path, 'seq_parallel.enabled', sp.get('enabled', r'^\s*y')),
     sp_no=_regex(path, 'seq_parallel.disabled', sp.get('disabled',
                                                       r'^\s*n')),

@@ -30,6 +30,7 @@ from calculon.config.execution import (
   ATTENTION_KERNEL_NAMES, CHECKPOINT_LAYOUT_NAMES, DATATYPE_NAMES,
   DISPATCHER_NAMES, FIELDS,
   MOE_OVERLAP_NAMES, PRECISION_RECIPE_NAMES, RECOMPUTE_FULL,
+  RECOMPUTE_MODULE_SETS, RECOMPUTE_MODULES,
   RECOMPUTE_NAMES, SCALING_NAMES, SHARDING_NAMES, TP_COMM_NAMES,
   TP_COMM_RS_AG, TP_OVERLAP_NAMES)
 from calculon.config.application import router_groups_fit
@@ -105,6 +106,7 @@ CATEGORIES = {
   'checkpoint_layout': CHECKPOINT_LAYOUT_NAMES,
   'gradient_datatype': DATATYPE_NAMES,
   'quantization_scaling': SCALING_NAMES,
+  'recompute_modules': RECOMPUTE_MODULE_SETS,
 }
 #: The largest microbatch searched.
 MAX_MICROBATCH = 64
@@ -730,6 +732,14 @@ class Mapper:
       axes['activation_recompute'] = [entry['value']]
       if entry.get('approximate'):
         case.approximations.append(entry['approximate'])
+      modules = [m['module'] for m in self.conv.recompute_modules
+                 if m['match'].search(rec_text)]
+      if entry['value'] == 'selective' and modules:
+        label = ','.join(m for m in RECOMPUTE_MODULES if m in modules)
+        case.fixed['recompute_modules'] = label
+        case.assume('recompute_modules', label,
+                    f'recompute column {rec_text!r} (recompute_modules '
+                    'table)')
     else:
       axes['activation_recompute'] = from_rule(
         'activation_recompute', RECOMPUTE_NAMES,
@@ -948,4 +958,7 @@ def execution_at(case, index):
     exe[key] = case.axes[key][i]
   exe['seq_par_ag_redo'] = (exe['tensor_par_comm_type'] == 'rs_ag' and
                             exe['activation_recompute'] != 'full')
+  if 'recompute_modules' in exe:
+    # A list in JSON (Execution.from_dict), the canonical label here.
+    exe['recompute_modules'] = exe['recompute_modules'].split(',')
   return exe
