@@ -475,6 +475,8 @@ def test_quantization_scaling_bytes():
   assert q(2.0, 1.0, code('current')) == 6.0
   assert q(2.0, 1.0, code('block')) == 4.0 + 2 / 32
   assert q(2.0, 0.5, code('block')) == 3.0 + 2 / 16
+  # Inference writes only the row-wise copy.
+  assert q(2.0, 1.0, code('delayed'), training=False) == 3.0
   app = llama(num_blocks=2, seq_size=2048)
   times = {s: value(evaluation(app, H100, datatype='float8',
                                precision_recipe='transformer_engine',

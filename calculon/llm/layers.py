@@ -242,7 +242,8 @@ class Layer:
     "Using FP8 with Transformer Engine" and its ``Float8Tensor`` row-wise /
     column-wise usages; Micikevicius et al. 2022, "FP8 Formats for Deep
     Learning", section 4).  ``ctx.quantize_bytes`` per element: 2 + 2 x 1
-    = 4 for FP8 with delayed scaling, plus 2 for current scaling's amax
+    = 4 for FP8 with delayed scaling (2 + 1 in inference: no transposed
+    copy), plus 2 for current scaling's amax
     read and the block scales for MXFP8/NVFP4 (see
     :func:`calculon.llm.model.quantize_bytes_per_element`).  Not priced:
     casts fused into a preceding norm, and the weight casts (once per step

@@ -42,7 +42,8 @@ _FP16 = DATATYPE_NAMES.index('float16')
 _BLOCK_ELEMENTS = {1: 32, 0.5: 16}
 
 
-def quantize_bytes_per_element(io_bytes, narrow_bytes, scaling):
+def quantize_bytes_per_element(io_bytes, narrow_bytes, scaling,
+                               training=True):
   """Bytes moved per element cast from 16 bits to a narrow datatype
   (:meth:`~calculon.llm.layers.Layer.quantize_bytes`).
 
@@ -50,17 +51,21 @@ def quantize_bytes_per_element(io_bytes, narrow_bytes, scaling):
     io_bytes: bytes of the 16-bit source (2).
     narrow_bytes: bytes of the narrow datatype (1 for FP8, 0.5 for FP4).
     scaling: ``quantization_scaling`` code.
+    training: bool; inference writes only the row-wise copy (no backward
+      GEMM needs the transposed one).
 
   Returns:
     ``io_bytes`` read plus two narrow copies written (row-wise and
-    column-wise); current scaling reads the source once more for its amax
+    column-wise; one in inference); current scaling reads the source once
+    more for its amax
     (Transformer Engine ``Float8CurrentScaling``; torchao float8
     "dynamic" tensorwise scaling computes amax, then casts); block scaling
     also writes one 1-byte scale per block for each copy.
   """
-  base = io_bytes + 2.0 * narrow_bytes
-  block = 2.0 / np.where(narrow_bytes < 1, _BLOCK_ELEMENTS[0.5],
-                         _BLOCK_ELEMENTS[1])
+  copies = np.where(training, 2.0, 1.0)
+  base = io_bytes + copies * narrow_bytes
+  block = copies / np.where(narrow_bytes < 1, _BLOCK_ELEMENTS[0.5],
+                            _BLOCK_ELEMENTS[1])
   return base + np.where(scaling == SCALING_CURRENT, io_bytes, 0.0) + \
     np.where(scaling == SCALING_BLOCK, block, 0.0)
 
@@ -208,7 +213,8 @@ class Evaluation:
       quantize_bytes=_scalar_if_zero(np.where(
         te & (bpe < self.io_bytes),
         quantize_bytes_per_element(self.io_bytes, bpe,
-                                   e.quantization_scaling), 0.0)))
+                                   e.quantization_scaling, e.training),
+        0.0)))
     self.pp_usage = nets.usage(e.pipeline_par_net)
     self.dp_usage = nets.usage(e.data_par_net)
     self.cp_usage = nets.usage(e.context_par_net)
