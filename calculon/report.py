@@ -179,9 +179,11 @@ def header_lines(data):
           f"{exe.datatype}, {'training' if exe.training else 'inference'}, "
           f'recompute {exe.activation_recompute}, interleaving '
           f'{exe.pipeline_interleaving}')
-  options = [f'{k} {v}' for k, v in exe.to_dict().items()
+  options = [f"{k} {','.join(v) if isinstance(v, list) else v}"
+             for k, v in exe.to_dict().items()
              if k in ('data_par_sharding', 'attention_kernel',
                       'precision_recipe', 'quantization_scaling',
+                      'recompute_modules',
                       'gradient_datatype', 'expert_par',
                       'expert_tensor_par', 'moe_dispatcher',
                       'moe_comm_overlap', 'expert_imbalance')]

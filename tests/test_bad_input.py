@@ -68,7 +68,7 @@ def check_exe(changes, *fragments, drop=None):
     'activation_recompute': 'attn_only'}, ["'seq_par_ag_redo'", '"rs_ag"']),
   ({'seq_par_ag_redo': True}, ["'seq_par_ag_redo'", '"full"']),
   ({'data_par_overlap': True, 'data_par': 1, 'pipeline_par': 768,
-    'optimizer_sharding': False}, ["'data_par_overlap'", 'data_par > 1']),
+    'optimizer_sharding': False}, ["'data_par_overlap'", 'data_par * context_par > 1']),
   ({'optimizer_offload': True, 'training': False,
     'activation_recompute': 'none'}, ["'optimizer_offload'", 'training']),
 ])

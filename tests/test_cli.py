@@ -141,6 +141,37 @@ def test_optimal_execution_json(readme_search):
   assert rates == sorted(rates, reverse=True)
 
 
+def test_search_recompute_modules_flag(tmp_path):
+  """--recompute-modules through a real subprocess: a module named twice is
+  one line naming the field and what is allowed, exit 2, no output; a good
+  set gives selective candidates those modules, and the best execution
+  runs as a single execution."""
+  model = repo('models', 'mixtral-8x7B.json')
+  system = repo('systems', 'h100_sxm_80g.json')
+  out = tmp_path / 'best.json'
+  bad = run_cli('llm-optimal-execution', model, 16, 64, 'bfloat16', system,
+                out, '-q', '--recompute-modules', 'moe', 'moe')
+  assert bad.returncode == 2
+  assert "'recompute_modules' = [\"moe\", \"moe\"] is not allowed" in \
+    bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+  assert not out.exists()
+  good = run_cli('llm-optimal-execution', model, 16, 64, 'bfloat16', system,
+                 out, '-q', '-t', '40', '--recompute-modules', 'layernorm',
+                 'moe_act')
+  assert good.returncode == 0, good.stderr
+  best = load_json(out)
+  selective = [b['execution'] for b in best.values()
+               if b['execution']['activation_recompute'] == 'selective']
+  assert selective and all(e['recompute_modules'] == ['layernorm', 'moe_act']
+                           for e in selective)
+  assert all('recompute_modules' not in b['execution'] for b in best.values()
+             if b['execution']['activation_recompute'] != 'selective')
+  exe = tmp_path / 'exe.json'
+  exe.write_text(json.dumps(selective[0]))
+  one = run_cli('llm', model, exe, system, tmp_path / 'one.json')
+  assert one.returncode == 0, one.stderr
+
+
 def test_best_execution_equals_single_run(readme_search, tmp_path):
   _, out = readme_search
   best = load_json(out)['0']

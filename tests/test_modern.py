@@ -557,6 +557,16 @@ def test_recompute_modules_dense():
                recompute_modules=['attn'])
 
 
+def test_dp_overlap_over_context_parallel_ranks():
+  """Gradients are reduced over the DP x CP ranks, so DP overlap is valid
+  with data_par 1 and context_par 2 (the modern search emits such
+  executions; they must read back), and not with both 1."""
+  Execution.from_dict(dict(BASE_EXE, num_procs=2, context_par=2,
+                           batch_size=1, data_par_overlap=True))
+  with pytest.raises(ConfigError, match='data_par \\* context_par > 1'):
+    Execution.from_dict(dict(BASE_EXE, data_par_overlap=True))
+
+
 def test_calculon_files_mean_calculon():
   """No optional field: every statistic as before (the golden parity test
   covers Calculon's cases; here a modern-looking but Calculon-expressible

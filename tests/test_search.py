@@ -252,6 +252,55 @@ def test_modern_pruned_search_equals_exhaustive(procs, batch, top_n, moe):
   assert out['0']['stats']['sample_rate'] == pruned.best[0][0]
 
 
+def test_search_with_recompute_modules():
+  """--recompute-modules: every selective candidate recomputes the named
+  modules (the others leave the field out, so each record is a valid
+  execution); the pruned search still equals the exhaustive one; keeping
+  fewer activations (layernorm, moe_act, moe) lets a memory-bound MoE
+  search reach a rate at least as high as the attention core alone."""
+  from calculon.config import Execution
+  cfg = dict(MODERN_APP, num_experts=4, top_k=2, moe_ffn_hidden=704,
+             first_dense_blocks=1)
+  spec = dict(app=Application.from_dict(cfg), system=System(_modern_system()),
+              num_procs=4, max_batch_size=4, datatype='float16',
+              space='modern')
+  mods = ['layernorm', 'moe', 'moe_act']
+  full = S.optimal_executions(S.SearchSpec(prune=False, recompute_modules=mods,
+                                           **spec), 30)
+  pruned = S.optimal_executions(S.SearchSpec(prune=True,
+                                             recompute_modules=mods, **spec),
+                                30)
+  assert pruned.best == full.best
+  base = S.optimal_executions(S.SearchSpec(prune=True, **spec), 30)
+  assert pruned.best[0][0] >= base.best[0][0]
+  search = S.SearchSpec(prune=True, recompute_modules=mods, **spec)
+  seen = set()
+  for group in S.groups(search):
+    axis = group.axes.index('activation_recompute')
+    valid = np.broadcast_to(S.valid_mask(S.columns(search, S.Chunk(group, ()))),
+                            group.shape)
+    for k in range(len(group.values['activation_recompute'])):
+      flat = np.flatnonzero(np.take(valid, [k], axis=axis))
+      if not len(flat):
+        continue
+      idx = list(np.unravel_index(flat[0], np.take(valid, [k],
+                                                     axis=axis).shape))
+      idx[axis] = k
+      rec = S.execution_record(search, group,
+                               int(np.ravel_multi_index(idx, group.shape)))
+      Execution.from_dict(rec)
+      seen.add(rec['activation_recompute'])
+      if rec['activation_recompute'] == 'selective':
+        assert rec['recompute_modules'] == mods
+      else:
+        assert 'recompute_modules' not in rec
+  assert {'selective', 'none', 'full'} <= seen
+  from calculon.errors import ConfigError
+  with pytest.raises(ConfigError, match="'recompute_modules' = "
+                     r'\["moe", "moe"\] is not allowed'):
+    S.SearchSpec(recompute_modules=['moe', 'moe'], **spec)
+
+
 def test_space_option_keeps_calculon_searches():
   """--space auto gives Calculon's space for a Calculon application and the
   modern one otherwise."""

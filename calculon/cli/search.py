@@ -91,6 +91,14 @@ def _common(p, formats):
                  "casts to the narrow datatype find their scales ('delayed', "
                  "the default: from earlier steps' amax; 'current': an amax "
                  "pass before each cast; 'block': MXFP8/NVFP4 block scales)")
+  p.add_argument('--recompute-modules', nargs='+', default=None,
+                 choices=('core_attn', 'layernorm', 'mla_up_proj', 'mlp',
+                          'moe', 'moe_act', 'shared_experts'),
+                 metavar='MODULE',
+                 help='modern space: what selective recomputation '
+                 "recomputes, as Megatron-Core's --recompute-modules (among "
+                 'core_attn, layernorm, mla_up_proj, mlp, moe, moe_act, '
+                 'shared_experts; default: core_attn)')
   p.add_argument('--gradient-datatype', default='float32',
                  choices=('float32', 'bfloat16', 'float16', 'calculon'),
                  help='modern space: gradients kept and reduced in this '
@@ -142,6 +150,7 @@ def _spec(args):
                       space=args.space,
                       precision_recipe=args.precision_recipe,
                       quantization_scaling=args.quantization_scaling,
+                      recompute_modules=args.recompute_modules,
                       gradient_datatype=grads, prune=not args.no_prune)
 
 

@@ -708,8 +708,9 @@ RULES = (
        lambda c, i: '= true is not allowed: DP communication exists only '
        'when training'),
   Rule('data_par_overlap',
-       lambda c: c.data_par_overlap & (c.data_par <= 1),
-       lambda c, i: '= true is not allowed: DP overlap needs data_par > 1'),
+       lambda c: c.data_par_overlap & (c.data_par * c.context_par <= 1),
+       lambda c, i: '= true is not allowed: DP overlap needs data_par * '
+       'context_par > 1 (the gradients are reduced over the DP x CP ranks)'),
   Rule('optimizer_offload',
        lambda c: c.optimizer_offload & ~c.training,
        lambda c, i: '= true is not allowed: the optimizer runs only when '

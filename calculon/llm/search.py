@@ -30,7 +30,8 @@ from calculon.config.execution import (
   ATTENTION_AUTO, ATTENTION_KERNEL_NAMES, CHECKPOINT_AS_INPUT, DATATYPE_NAMES,
   DISPATCHER_NAMES,
   MOE_OVERLAP_NAMES, NARROW_DATATYPES,
-  PRECISION_RECIPE_NAMES, RECOMPUTE_FULL, RECOMPUTE_NAMES, SCALING_NAMES,
+  PRECISION_RECIPE_NAMES, RECOMPUTE_FULL, RECOMPUTE_MODULE_SETS,
+  RECOMPUTE_NAMES, SCALING_NAMES, recompute_modules_label,
   SHARDING_NAMES, TP_COMM_NAMES, TP_COMM_RS_AG, TP_OVERLAP_NAMES, UNSET)
 from calculon.llm import space
 from calculon.llm.model import (
@@ -108,6 +109,10 @@ class SearchSpec:
     quantization_scaling: the casts' scaling of every candidate of the
       modern space ('delayed', 'current' or 'block'; acts only with the
       Transformer Engine recipe).
+    recompute_modules: the modules selective recomputation recomputes in
+      every selective candidate of the modern space (a list among
+      :data:`~calculon.config.execution.RECOMPUTE_MODULES`; None: the
+      attention core, Korthikanti et al.'s).
     prune: skip chunks whose best possible sample rate is below the n-th
       best found so far (exact, see :func:`chunk_rate_bound`; modern space
       only).
@@ -125,6 +130,7 @@ class SearchSpec:
   precision_recipe: object = None
   gradient_datatype: object = 'float32'
   quantization_scaling: str = 'delayed'
+  recompute_modules: object = None
   prune: bool = True
 
   def __post_init__(self):
@@ -133,6 +139,10 @@ class SearchSpec:
     if self.precision_recipe is None:
       self.precision_recipe = 'transformer_engine' \
         if self.datatype in NARROW_DATATYPES else 'uniform'
+    if self.recompute_modules is not None:
+      self.recompute_modules = recompute_modules_label(
+        self.recompute_modules, source='<search>',
+        field='recompute_modules').split(',')
 
   @property
   def modern(self):
@@ -346,6 +356,11 @@ def columns(spec, chunk):
       else DATATYPE_NAMES.index(spec.gradient_datatype))
     cols['quantization_scaling'] = np.int64(SCALING_NAMES.index(
       spec.quantization_scaling))
+    if spec.recompute_modules is not None:
+      # Acts only where activation_recompute is selective (the engine
+      # reads it so); records of the others leave it out.
+      cols['recompute_modules'] = np.int64(RECOMPUTE_MODULE_SETS.index(
+        ','.join(spec.recompute_modules)))
     cols['optimizer_sharding'] = None
     # Modern frameworks checkpoint the block input as each rank holds it
     # (sequence-sharded with sequence parallelism).
@@ -575,7 +590,10 @@ def execution_record(spec, group, flat):
   their default."""
   idx = np.unravel_index(flat, group.shape)
   chunk = Chunk(group, tuple(int(i) for i in idx))
-  return columns(spec, chunk).record((0,) * len(group.axes))
+  record = columns(spec, chunk).record((0,) * len(group.axes))
+  if record.get('activation_recompute') != 'selective':
+    record.pop('recompute_modules', None)
+  return record
 
 
 def valid_count(spec, group):
