@@ -486,6 +486,11 @@ def test_quantization_scaling_bytes():
   with pytest.raises(ConfigError, match="field 'quantization_scaling' = "
                      '"amax" is not allowed'):
     Execution.from_dict(dict(BASE_EXE, quantization_scaling='amax'))
+  with pytest.raises(ConfigError, match="field 'quantization_scaling' = "
+                     '"current" is not allowed with precision_recipe = '
+                     '"uniform": the casts it scales exist only with '
+                     '"transformer_engine"'):
+    Execution.from_dict(dict(BASE_EXE, quantization_scaling='current'))
 
 
 def test_fused_attention_head_width():

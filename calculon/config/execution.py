@@ -688,6 +688,13 @@ RULES = (
        lambda c, i: f"= {show(TP_OVERLAP_NAMES[_v(c, 'tensor_par_overlap', i)])}"
        ' is not allowed: TP communication overlap needs tensor_par > 1; use '
        '"none"'),
+  Rule('quantization_scaling',
+       lambda c: (c.quantization_scaling != SCALING_DELAYED) & (
+         c.precision_recipe != RECIPE_TE),
+       lambda c, i: f"= {show(SCALING_NAMES[_v(c, 'quantization_scaling', i)])}"
+       ' is not allowed with precision_recipe = '
+       f"{show(PRECISION_RECIPE_NAMES[_v(c, 'precision_recipe', i)])}: the "
+       'casts it scales exist only with "transformer_engine"'),
   Rule('recompute_modules',
        lambda c: (c.recompute_modules != _CORE_ATTN_ONLY) & (
          c.activation_recompute != RECOMPUTE_SELECTIVE),

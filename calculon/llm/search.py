@@ -593,6 +593,8 @@ def execution_record(spec, group, flat):
   record = columns(spec, chunk).record((0,) * len(group.axes))
   if record.get('activation_recompute') != 'selective':
     record.pop('recompute_modules', None)
+  if record.get('precision_recipe') != 'transformer_engine':
+    record.pop('quantization_scaling', None)
   return record
 
 
