@@ -615,6 +615,22 @@ def _v(c, name, i):
   return value
 
 
+def _only_with(field, names, default, other, other_names, needed, why,
+               label=None):
+  """A :class:`Rule`: ``field`` other than its ``default`` code is allowed
+  only where ``other`` has the code ``needed``; ``label`` shows a value's
+  name (default: as is)."""
+  def bad(c):
+    return (getattr(c, field) != default) & (getattr(c, other) != needed)
+
+  def message(c, i):
+    value = names[_v(c, field, i)]
+    value = label(value) if label else value
+    return (f'= {show(value)} is not allowed with {other} = '
+            f'{show(other_names[_v(c, other, i)])}: {why}')
+  return Rule(field, bad, message)
+
+
 def _procs_message(c, i):
   text = (f"= {_v(c, 'num_procs', i)} is not allowed: must equal "
           'tensor_par * pipeline_par * data_par')
@@ -688,20 +704,13 @@ RULES = (
        lambda c, i: f"= {show(TP_OVERLAP_NAMES[_v(c, 'tensor_par_overlap', i)])}"
        ' is not allowed: TP communication overlap needs tensor_par > 1; use '
        '"none"'),
-  Rule('quantization_scaling',
-       lambda c: (c.quantization_scaling != SCALING_DELAYED) & (
-         c.precision_recipe != RECIPE_TE),
-       lambda c, i: f"= {show(SCALING_NAMES[_v(c, 'quantization_scaling', i)])}"
-       ' is not allowed with precision_recipe = '
-       f"{show(PRECISION_RECIPE_NAMES[_v(c, 'precision_recipe', i)])}: the "
-       'casts it scales exist only with "transformer_engine"'),
-  Rule('recompute_modules',
-       lambda c: (c.recompute_modules != _CORE_ATTN_ONLY) & (
-         c.activation_recompute != RECOMPUTE_SELECTIVE),
-       lambda c, i: f"= {show(RECOMPUTE_MODULE_SETS[_v(c, 'recompute_modules', i)].split(','))}"
-       ' is not allowed with activation_recompute = '
-       f"{show(RECOMPUTE_NAMES[_v(c, 'activation_recompute', i)])}: "
-       'modules are chosen only with "selective"'),
+  _only_with('quantization_scaling', SCALING_NAMES, SCALING_DELAYED,
+             'precision_recipe', PRECISION_RECIPE_NAMES, RECIPE_TE,
+             'the casts it scales exist only with "transformer_engine"'),
+  _only_with('recompute_modules', RECOMPUTE_MODULE_SETS, _CORE_ATTN_ONLY,
+             'activation_recompute', RECOMPUTE_NAMES, RECOMPUTE_SELECTIVE,
+             'modules are chosen only with "selective"',
+             label=lambda label: label.split(',')),
   Rule('seq_par_ag_redo',
        lambda c: c.seq_par_ag_redo & (c.tensor_par_comm_type != TP_COMM_RS_AG),
        lambda c, i: '= true is not allowed: redoing the all-gather needs '
