@@ -85,6 +85,12 @@ def recompute_modules_label(value, source='<execution>',
       f'allowed: {allowed}', source=source, field=field, value=value,
       allowed=allowed)
   return ','.join(m for m in RECOMPUTE_MODULES if m in names)
+
+
+def json_value(name, value):
+  """An optional field's value as JSON writes it: ``recompute_modules``'
+  canonical label as its list of names, every other value as is."""
+  return value.split(',') if name == 'recompute_modules' else value
 DISPATCHER_NAMES = ('alltoall', 'allgather', 'deepep')
 MOE_OVERLAP_NAMES = ('none', 'shared_experts', 'compute')
 #: Where full recomputation's block-input checkpoints live: ``whole`` (every
@@ -347,9 +353,7 @@ class Execution:
     for name, (_, _, default) in OPTIONAL_SPECS.items():
       value = getattr(self, name)
       if value != default:
-        out[name] = value
-    if 'recompute_modules' in out:
-      out['recompute_modules'] = out['recompute_modules'].split(',')
+        out[name] = json_value(name, value)
     return out
 
   @property
@@ -559,8 +563,7 @@ class ExecutionColumns:
       if names is not None:
         value = None if value == UNSET else names[value]
       if value != default:
-        out[name] = value.split(',') if name == 'recompute_modules' \
-          else value
+        out[name] = json_value(name, value)
     return out
 
   def to_frame(self):

@@ -30,6 +30,16 @@ ADAM_FLOPS_PER_ELEMENT = 11
 FP32_BYTES = 4
 
 
+def _is_zero(x):
+  """True for a scalar 0 (work that is zero for every execution)."""
+  return np.ndim(x) == 0 and x == 0
+
+
+def _plus(a, b):
+  """``a + b``, or ``a`` itself when ``b`` is a scalar 0."""
+  return a if _is_zero(b) else a + b
+
+
 def where(cond, a, b):
   """np.where that keeps Python scalars when ``cond`` is a Python bool."""
   if cond is True:
@@ -256,19 +266,14 @@ class Layer:
       elems = self.quantized_grads
     else:
       return 0.0
-    if (np.ndim(elems) == 0 and elems == 0) or \
-       (np.ndim(per_elem) == 0 and per_elem == 0):
+    if _is_zero(elems) or _is_zero(per_elem):
       return 0.0
     return elems * per_elem
 
   def mem_bytes(self, stage):
     """Bytes moved to/from memory tier 1 in ``stage``: the layer's kernel
     and its casts (:meth:`quantize_bytes`)."""
-    quantize = self.quantize_bytes(stage)
-    kernel = self.kernel_mem_bytes(stage)
-    if np.ndim(quantize) == 0 and quantize == 0:
-      return kernel
-    return kernel + quantize
+    return _plus(self.kernel_mem_bytes(stage), self.quantize_bytes(stage))
 
   def flops_time_s(self, stage):
     """Compute time of ``stage`` on the matrix (GEMM layers) or vector
@@ -293,31 +298,21 @@ class Layer:
     as separate kernels."""
     def compute():
       quantize = self.quantize_bytes(stage)
-      if np.ndim(quantize) == 0 and quantize == 0:
-        return 0.0
-      with np.errstate(divide='ignore', invalid='ignore'):
-        t = self.ctx.system.mem1.time_s(quantize)
-      return where(quantize > 0, np.nan_to_num(t), 0.0)
+      return 0.0 if _is_zero(quantize) else \
+        self.ctx.system.mem1.time_s(quantize)
     return self._memo(('quantize_time', stage), compute)
 
   def mem_time_s(self, stage):
     """Memory time of ``stage``: the kernel's and its casts'."""
-    quantize = self.quantize_time_s(stage)
-    if np.ndim(quantize) == 0 and quantize == 0:
-      return self.kernel_mem_time_s(stage)
-    return self.kernel_mem_time_s(stage) + quantize
+    return _plus(self.kernel_mem_time_s(stage), self.quantize_time_s(stage))
 
   def processing_time_s(self, stage):
     """Time of ``stage``: the kernel's compute and memory combined per the
     system's processing mode (roofline or no overlap), plus its casts."""
-    def compute():
-      t = self.ctx.system.processing_time_s(self.flops_time_s(stage),
-                                            self.kernel_mem_time_s(stage))
-      quantize = self.quantize_time_s(stage)
-      if np.ndim(quantize) == 0 and quantize == 0:
-        return t
-      return t + quantize
-    return self._memo(('proc', stage), compute)
+    return self._memo(('proc', stage), lambda: _plus(
+      self.ctx.system.processing_time_s(self.flops_time_s(stage),
+                                        self.kernel_mem_time_s(stage)),
+      self.quantize_time_s(stage)))
 
   # -- Communication (only tensor-parallel layers communicate) ----------------
   def comm_bytes(self, stage, edge):
@@ -502,10 +497,7 @@ class LinearOverlapped(Layer):
     return self._memo(('net', stage, edge), compute)
 
   def processing_time_s(self, stage):
-    quantize = self.quantize_time_s(stage)
-    if np.ndim(quantize) == 0 and quantize == 0:
-      return self._tiled(stage)[0]
-    return self._tiled(stage)[0] + quantize
+    return _plus(self._tiled(stage)[0], self.quantize_time_s(stage))
 
   def exposed_time_for_stage_s(self, stage):
     """Exposed communication of ``stage`` (base block) after tiling."""

@@ -30,8 +30,8 @@ from calculon.config.execution import (
   ATTENTION_KERNEL_NAMES, CHECKPOINT_LAYOUT_NAMES, DATATYPE_NAMES,
   DISPATCHER_NAMES, FIELDS,
   MOE_OVERLAP_NAMES, PRECISION_RECIPE_NAMES, RECOMPUTE_FULL,
-  RECOMPUTE_MODULE_SETS, RECOMPUTE_MODULES,
-  RECOMPUTE_NAMES, SCALING_NAMES, SHARDING_NAMES, TP_COMM_NAMES,
+  RECOMPUTE_MODULE_SETS, RECOMPUTE_NAMES, json_value,
+  recompute_modules_label, SCALING_NAMES, SHARDING_NAMES, TP_COMM_NAMES,
   TP_COMM_RS_AG, TP_OVERLAP_NAMES)
 from calculon.config.application import router_groups_fit
 from calculon.config.system import OPTIONAL_EFFICIENCIES
@@ -735,7 +735,7 @@ class Mapper:
       modules = [m['module'] for m in self.conv.recompute_modules
                  if m['match'].search(rec_text)]
       if entry['value'] == 'selective' and modules:
-        label = ','.join(m for m in RECOMPUTE_MODULES if m in modules)
+        label = recompute_modules_label(sorted(set(modules)))
         case.fixed['recompute_modules'] = label
         case.assume('recompute_modules', label,
                     f'recompute column {rec_text!r} (recompute_modules '
@@ -959,6 +959,6 @@ def execution_at(case, index):
   exe['seq_par_ag_redo'] = (exe['tensor_par_comm_type'] == 'rs_ag' and
                             exe['activation_recompute'] != 'full')
   if 'recompute_modules' in exe:
-    # A list in JSON (Execution.from_dict), the canonical label here.
-    exe['recompute_modules'] = exe['recompute_modules'].split(',')
+    exe['recompute_modules'] = json_value('recompute_modules',
+                                          exe['recompute_modules'])
   return exe
