@@ -29,6 +29,7 @@ TIME_PARTS = (
   ('backward offload (exposed)', 'bw_offload_exposed_time'),
   ('CP ring (exposed)', 'cp_comm_exposed_time'),
   ('FSDP communication (exposed)', 'fsdp_comm_exposed_time'),
+  ('FSDP buffer copies', 'fsdp_copy_time'),
   ('EP dispatch/combine (exposed)', 'ep_comm_exposed_time'),
   ('embedding, LM head and loss', 'embedding_lm_head_time'),
   ('fixed overhead', 'overhead_time'),
@@ -183,7 +184,7 @@ def header_lines(data):
              for k, v in exe.to_dict().items()
              if k in ('data_par_sharding', 'attention_kernel',
                       'precision_recipe', 'quantization_scaling',
-                      'recompute_modules',
+                      'recompute_modules', 'fsdp_buffer_copies',
                       'gradient_datatype', 'expert_par',
                       'expert_tensor_par', 'moe_dispatcher',
                       'moe_comm_overlap', 'expert_imbalance')]

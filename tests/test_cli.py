@@ -141,6 +141,31 @@ def test_optimal_execution_json(readme_search):
   assert rates == sorted(rates, reverse=True)
 
 
+def test_search_fsdp_buffer_copies_flag(tmp_path):
+  """--fsdp-buffer-copies through a real subprocess: FSDP candidates carry
+  the field (the others leave it out) and the best FSDP execution runs as a
+  single execution, its copies in the report."""
+  model = repo('models', 'llama3-70B.json')
+  system = repo('systems', 'h100_sxm_80g.json')
+  out = tmp_path / 'best.json'
+  res = run_cli('llm-optimal-execution', model, 16, 32, 'bfloat16', system,
+                out, '-q', '-t', '40', '--fsdp-buffer-copies')
+  assert res.returncode == 0, res.stderr
+  best = load_json(out)
+  fsdp = [b['execution'] for b in best.values()
+          if b['execution'].get('data_par_sharding') == 'parameters']
+  assert fsdp and all(e['fsdp_buffer_copies'] is True for e in fsdp)
+  assert all('fsdp_buffer_copies' not in b['execution']
+             for b in best.values()
+             if b['execution'].get('data_par_sharding') != 'parameters')
+  exe = tmp_path / 'exe.json'
+  exe.write_text(json.dumps(fsdp[0]))
+  one = run_cli('llm', model, exe, system, '-')
+  assert one.returncode == 0, one.stderr
+  line = [x for x in one.stdout.splitlines() if 'FSDP buffer copies' in x]
+  assert line and float(line[0].split()[3]) > 0
+
+
 def test_search_recompute_modules_flag(tmp_path):
   """--recompute-modules through a real subprocess: a module named twice is
   one line naming the field and what is allowed, exit 2, no output; a good

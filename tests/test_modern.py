@@ -716,6 +716,51 @@ def test_fsdp_backward_hides_behind_the_recomputed_forward_too():
       max(0.0, comm - window) + min(comm, window) * usage, rel=1e-12)
 
 
+def test_fsdp2_buffer_copies_hand_count():
+  """PyTorch FSDP2 copies each block's gathered weights out of the
+  all-gather buffer before its forward and again before its backward
+  (read + write, 16-bit), and its 16-bit gradients into the float32
+  reduce-scatter input (read 2 B, write 4 B), on the compute stream
+  (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py): Llama 3 8B's
+  block has 218,112,000 weights (4096 x (4096 + 2 x 1024 + 4096) + 3 x
+  4096 x 14336 + 2 x 4096), so 2 x 2 x W bytes forward, 4 W + 6 W
+  backward, each at tier-1 bandwidth, added to the batch time once per
+  block and microbatch."""
+  system = _system('h100_sxm_80g')
+  common = dict(tensor_par=1, data_par=16, tensor_par_net=0, data_par_net=1,
+                batch_size=32, microbatch_size=1, datatype='bfloat16',
+                data_par_sharding='parameters', gradient_datatype='float32')
+  plain = evaluation(llama(), system=system, **common)
+  copies = evaluation(llama(), system=system, fsdp_buffer_copies=True,
+                      **common)
+  w = 4096 * (4096 + 2 * 1024 + 4096) + 3 * 4096 * 14336 + 2 * 4096
+  assert value(copies.block.weight_elems) == w
+  mem = system.mem1
+  fw = mem.time_s(4.0 * w)
+  bw = mem.time_s(4.0 * w) + mem.time_s(6.0 * w)
+  fw_s, bw_s = copies._block_fsdp_copy_s
+  assert value(fw_s) == pytest.approx(fw, rel=1e-12)
+  assert value(bw_s) == pytest.approx(bw, rel=1e-12)
+  mult = 32 * 2                                 # blocks x microbatches
+  assert value(copies.fsdp_copy_time_s) == pytest.approx(mult * (fw + bw),
+                                                         rel=1e-12)
+  assert value(copies.total_time_s - plain.total_time_s) == pytest.approx(
+    mult * (fw + bw), rel=1e-9)
+  assert value(plain.fsdp_copy_time_s) == 0
+  # ~1.3 ms per block at 3.35 TB/s: a few % of a 8B block's ~45 ms.
+  assert 0.5e-3 < fw + bw < 2e-3
+
+
+def test_fsdp_buffer_copies_need_fsdp():
+  exe = dict(BASE_EXE, num_procs=8, data_par=8, batch_size=8,
+             data_par_sharding='optimizer', fsdp_buffer_copies=True)
+  exe.pop('optimizer_sharding')
+  with pytest.raises(ConfigError, match='fsdp_buffer_copies.*"parameters"'):
+    Execution.from_dict(exe)
+  exe['data_par_sharding'] = 'parameters'
+  assert Execution.from_dict(exe).fsdp_buffer_copies is True
+
+
 def test_param_gather_hides_behind_the_next_forward():
   """Megatron-Core's distributed optimizer with --overlap-param-gather
   gathers each bucket of updated weights just before its first forward

@@ -301,6 +301,49 @@ def test_search_with_recompute_modules():
     S.SearchSpec(recompute_modules=['moe', 'moe'], **spec)
 
 
+def test_search_with_fsdp_buffer_copies():
+  """fsdp_buffer_copies: FSDP candidates pay PyTorch FSDP2's copies (so no
+  rate rises), the others are unchanged and their records leave the field
+  out; every record is a valid execution; pruning stays exact."""
+  from calculon.config import Execution
+  spec = dict(app=Application.from_dict(MODERN_APP),
+              system=System(_modern_system()), num_procs=4, max_batch_size=4,
+              datatype='float16', space='modern')
+  full = S.optimal_executions(S.SearchSpec(prune=False,
+                                           fsdp_buffer_copies=True, **spec),
+                              40)
+  pruned = S.optimal_executions(S.SearchSpec(prune=True,
+                                             fsdp_buffer_copies=True,
+                                             **spec), 40)
+  assert pruned.best == full.best
+  base = S.optimal_executions(S.SearchSpec(prune=False, **spec), 40)
+  assert full.best[0][0] <= base.best[0][0]
+  search = S.SearchSpec(prune=True, fsdp_buffer_copies=True, **spec)
+  seen = set()
+  for group in S.groups(search):
+    if 'data_par_sharding' not in group.axes:
+      continue
+    axis = group.axes.index('data_par_sharding')
+    valid = np.broadcast_to(S.valid_mask(S.columns(search, S.Chunk(group, ()))),
+                            group.shape)
+    for k in range(len(group.values['data_par_sharding'])):
+      flat = np.flatnonzero(np.take(valid, [k], axis=axis))
+      if not len(flat):
+        continue
+      idx = list(np.unravel_index(flat[0], np.take(valid, [k],
+                                                     axis=axis).shape))
+      idx[axis] = k
+      rec = S.execution_record(search, group,
+                               int(np.ravel_multi_index(idx, group.shape)))
+      Execution.from_dict(rec)
+      seen.add(rec['data_par_sharding'])
+      if rec['data_par_sharding'] == 'parameters':
+        assert rec['fsdp_buffer_copies'] is True
+      else:
+        assert 'fsdp_buffer_copies' not in rec
+  assert {'parameters', 'optimizer'} <= seen
+
+
 def test_space_option_keeps_calculon_searches():
   """--space auto gives Calculon's space for a Calculon application and the
   modern one otherwise."""

@@ -99,6 +99,11 @@ def _common(p, formats):
                  "recomputes, as Megatron-Core's --recompute-modules (among "
                  'core_attn, layernorm, mla_up_proj, mlp, moe, moe_act, '
                  'shared_experts; default: core_attn)')
+  p.add_argument('--fsdp-buffer-copies', action='store_true',
+                 help='modern space: FSDP candidates copy the gathered '
+                 'weights and the gradients on the compute stream, as '
+                 "PyTorch FSDP2 does (default: gathered and reduced in "
+                 'place, as Megatron-FSDP)')
   p.add_argument('--gradient-datatype', default='float32',
                  choices=('float32', 'bfloat16', 'float16', 'calculon'),
                  help='modern space: gradients kept and reduced in this '
@@ -151,6 +156,7 @@ def _spec(args):
                       precision_recipe=args.precision_recipe,
                       quantization_scaling=args.quantization_scaling,
                       recompute_modules=args.recompute_modules,
+                      fsdp_buffer_copies=args.fsdp_buffer_copies,
                       gradient_datatype=grads, prune=not args.no_prune)
 
 

@@ -182,6 +182,7 @@ OPTIONAL_SPECS = {
   'quantization_scaling': (Spec('str', choices=SCALING_NAMES), SCALING_NAMES,
                            'delayed'),
   'recompute_modules': (Spec('list'), RECOMPUTE_MODULE_SETS, 'core_attn'),
+  'fsdp_buffer_copies': (_BOOL, None, False),
 }
 #: Calculon fields that new-style executions may leave out, with what their
 #: absence means (attention_type: as the application's kv_heads say;
@@ -270,7 +271,13 @@ class Execution:
   (MLA's up projections and RoPE; the attention inputs are not kept),
   'mlp' (the dense MLP from its input), 'moe' (the MoE layer from its
   input, its all-to-alls too), 'moe_act' (the experts' activation; its
-  output is not kept), 'shared_experts').
+  output is not kept), 'shared_experts'), fsdp_buffer_copies (with
+  data_par_sharding 'parameters': FSDP copies each gathered block's
+  weights out of the all-gather buffer, twice per microbatch, and its
+  gradients into the reduce-scatter buffer, on the compute stream, as
+  PyTorch FSDP2's per-parameter sharding does; absent: false, flat
+  buffers gathered and reduced in place, as Megatron-FSDP and ZeRO-3's
+  contiguous buffers).
   ``attention_type`` and ``optimizer_sharding`` may be left
   out when the application's ``kv_heads`` / ``data_par_sharding`` say.
   """
@@ -313,6 +320,7 @@ class Execution:
   param_gather_overlap: bool = False
   quantization_scaling: str = 'delayed'
   recompute_modules: object = 'core_attn'
+  fsdp_buffer_copies: bool = False
 
   @classmethod
   def from_dict(cls, cfg, source='<execution>'):
@@ -714,6 +722,10 @@ RULES = (
              'activation_recompute', RECOMPUTE_NAMES, RECOMPUTE_SELECTIVE,
              'modules are chosen only with "selective"',
              label=lambda label: label.split(',')),
+  Rule('fsdp_buffer_copies',
+       lambda c: c.fsdp_buffer_copies & (c.sharding != SHARD_PARAMETERS),
+       lambda c, i: '= true is not allowed: the copies are FSDP\'s, which '
+       'needs data_par_sharding = "parameters"'),
   Rule('seq_par_ag_redo',
        lambda c: c.seq_par_ag_redo & (c.tensor_par_comm_type != TP_COMM_RS_AG),
        lambda c, i: '= true is not allowed: redoing the all-gather needs '

@@ -414,12 +414,13 @@ class Evaluation:
   @cached_property
   def _block_fw_extra_s(self):
     """Exposed CP ring, FSDP and expert-parallel traffic of a block's
-    forward (0 without)."""
+    forward, and FSDP's buffer copies (0 without)."""
     extra = 0.0
     if np.any(self.cp > 1):
       extra = extra + self.block_cp_fw_exposed_s
     if np.any(self.fsdp):
-      extra = extra + self.block_fsdp_fw_exposed_s
+      extra = extra + self.block_fsdp_fw_exposed_s + \
+        self._block_fsdp_copy_s[0]
     if self.app.is_moe:
       extra = extra + self.block_ep_fw_exposed_s
     return extra
@@ -427,12 +428,13 @@ class Evaluation:
   @cached_property
   def _block_bw_extra_s(self):
     """Exposed CP ring, FSDP and expert-parallel traffic of a block's
-    backward."""
+    backward, and FSDP's buffer copies."""
     extra = 0.0
     if np.any(self.cp > 1):
       extra = extra + self.block_cp_bw_exposed_s
     if np.any(self.fsdp):
-      extra = extra + self.block_fsdp_bw_exposed_s
+      extra = extra + self.block_fsdp_bw_exposed_s + \
+        self._block_fsdp_copy_s[1]
     if self.app.is_moe:
       extra = extra + self.block_ep_bw_exposed_s
     if np.ndim(extra) == 0 and extra == 0.0:
@@ -779,6 +781,39 @@ class Evaluation:
           'reduce_scatter', elems * self.grad_bytes, dp, tier, g), 0)
     return np.where(self.fsdp, ag, 0), np.where(self.fsdp & self.training,
                                                 rs, 0)
+
+  @cached_property
+  def _block_fsdp_copy_s(self):
+    """(forward, backward) seconds of one block's FSDP buffer copies per
+    microbatch (``fsdp_buffer_copies``), memory bound at tier-1 bandwidth
+    on the compute stream.  PyTorch FSDP2 (torch/distributed/fsdp/
+    _fully_shard/_fsdp_collectives.py): ``foreach_all_gather_copy_out``
+    splits each all-gather output into the per-parameter tensors (read and
+    write the block's gathered weights, W x io bytes each way) before the
+    forward and again before the backward, after waiting on the current
+    stream; ``foreach_reduce`` copies the unsharded gradients (computed in
+    the 16-bit parameter datatype) into the reduce-scatter input in the
+    reduction datatype on the current stream before the reduce-scatter
+    stream takes it.  The small shard copy-in of the all-gather runs on its
+    own stream and is not priced.  0 without the field or without FSDP."""
+    on = self.fsdp & np.asarray(self.exe.fsdp_buffer_copies, dtype=bool)
+    if not np.any(on):
+      return 0.0, 0.0
+    elems = self.block.weight_elems
+    gather = 2 * elems * self.io_bytes
+    reduce = elems * (self.io_bytes + self.grad_bytes)
+    mem = self.system.mem1
+    fw = np.where(on, mem.time_s(gather), 0)
+    bw = np.where(on & self.training, mem.time_s(gather) +
+                  mem.time_s(reduce), 0)
+    return fw, bw
+
+  @cached_property
+  def fsdp_copy_time_s(self):
+    """FSDP buffer copies on the compute stream, whole batch
+    (:attr:`_block_fsdp_copy_s`)."""
+    fw, bw = self._block_fsdp_copy_s
+    return self._mult * (fw + bw)
 
   @cached_property
   def block_fsdp_fw_s(self):
@@ -1420,14 +1455,15 @@ class Evaluation:
 
   @cached_property
   def modern_time_s(self):
-    """Time beyond Calculon's terms: exposed CP ring and FSDP traffic, the
+    """Time beyond Calculon's terms: exposed CP ring and FSDP traffic (and
+    FSDP's buffer copies), the
     embedding, LM head and loss, exposed expert-parallel traffic and the
     system's fixed overheads (0 for Calculon's executions and systems)."""
     extra = 0.0
     if np.any(self.cp > 1):
       extra = extra + self.cp_comm_exposed_time_s
     if np.any(self.fsdp):
-      extra = extra + self.fsdp_comm_exposed_time_s
+      extra = extra + self.fsdp_comm_exposed_time_s + self.fsdp_copy_time_s
     if self.app.has_vocab:
       extra = extra + self.vocab_extra_time_s
     if self.app.is_moe:

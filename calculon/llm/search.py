@@ -113,6 +113,9 @@ class SearchSpec:
       every selective candidate of the modern space (a list among
       :data:`~calculon.config.execution.RECOMPUTE_MODULES`; None: the
       attention core, Korthikanti et al.'s).
+    fsdp_buffer_copies: FSDP candidates of the modern space copy the
+      gathered weights and the gradients on the compute stream (PyTorch
+      FSDP2; the other candidates' records leave it out).
     prune: skip chunks whose best possible sample rate is below the n-th
       best found so far (exact, see :func:`chunk_rate_bound`; modern space
       only).
@@ -131,6 +134,7 @@ class SearchSpec:
   gradient_datatype: object = 'float32'
   quantization_scaling: str = 'delayed'
   recompute_modules: object = None
+  fsdp_buffer_copies: bool = False
   prune: bool = True
 
   def __post_init__(self):
@@ -361,6 +365,10 @@ def columns(spec, chunk):
       # reads it so); records of the others leave it out.
       cols['recompute_modules'] = np.int64(RECOMPUTE_MODULE_SETS.index(
         ','.join(spec.recompute_modules)))
+    if spec.fsdp_buffer_copies:
+      # Acts only with data_par_sharding 'parameters' (the engine reads it
+      # so); records of the others leave it out.
+      cols['fsdp_buffer_copies'] = np.bool_(True)
     cols['optimizer_sharding'] = None
     # Modern frameworks checkpoint the block input as each rank holds it
     # (sequence-sharded with sequence parallelism).
@@ -595,6 +603,8 @@ def execution_record(spec, group, flat):
     record.pop('recompute_modules', None)
   if record.get('precision_recipe') != 'transformer_engine':
     record.pop('quantization_scaling', None)
+  if record.get('data_par_sharding') != 'parameters':
+    record.pop('fsdp_buffer_copies', None)
   return record
 
 

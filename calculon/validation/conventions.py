@@ -61,6 +61,7 @@ SETTINGS = {
   'pipeline_microbatches': ('pp',),
   'param_gather_overlap': 'bool',
   'quantization_scaling': SCALING_NAMES,
+  'fsdp_buffer_copies': 'bool',
 }
 #: CSV columns a pattern may look at.
 MATCH_COLUMNS = ('source', 'model_name', 'gpu_type', 'dtype', 'recompute',

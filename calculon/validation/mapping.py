@@ -640,10 +640,16 @@ class Mapper:
       fixed['checkpoint_layout'] = layout
     # Settings a rule fixes (never searched); the MoE ones only for MoE.
     narrow = fixed.get('precision_recipe') == 'transformer_engine'
+    fsdp = dp * cp > 1 and 'data_par_sharding' in settings and \
+      settings['data_par_sharding'][0] in ('parameters', ['parameters'])
     for key in ('moe_dispatcher', 'expert_imbalance', 'gradient_datatype',
-                'param_gather_overlap', 'quantization_scaling'):
+                'param_gather_overlap', 'quantization_scaling',
+                'fsdp_buffer_copies'):
       # The scaling the dtype column names (datatypes table) wins.
       if key == 'quantization_scaling' and (not narrow or key in fixed):
+        continue
+      # FSDP's copies exist only where the rule shards the parameters.
+      if key == 'fsdp_buffer_copies' and not fsdp:
         continue
       if key in settings and (app.get('num_experts') or
                               not key.startswith(('moe_', 'expert_'))):
