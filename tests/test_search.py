@@ -252,13 +252,36 @@ def test_modern_pruned_search_equals_exhaustive(procs, batch, top_n, moe):
   assert out['0']['stats']['sample_rate'] == pruned.best[0][0]
 
 
+def _records_per_value(search, name):
+  """For every group of ``search`` with axis ``name`` and every value on
+  it, the record of its first valid execution, each checked to read back
+  as an execution."""
+  from calculon.config import Execution
+  for group in S.groups(search):
+    if name not in group.axes:
+      continue
+    axis = group.axes.index(name)
+    valid = np.broadcast_to(S.valid_mask(S.columns(search, S.Chunk(group, ()))),
+                            group.shape)
+    for k in range(len(group.values[name])):
+      flat = np.flatnonzero(np.take(valid, [k], axis=axis))
+      if not len(flat):
+        continue
+      idx = list(np.unravel_index(flat[0], np.take(valid, [k],
+                                                     axis=axis).shape))
+      idx[axis] = k
+      rec = S.execution_record(search, group,
+                               int(np.ravel_multi_index(idx, group.shape)))
+      Execution.from_dict(rec)
+      yield rec
+
+
 def test_search_with_recompute_modules():
   """--recompute-modules: every selective candidate recomputes the named
   modules (the others leave the field out, so each record is a valid
   execution); the pruned search still equals the exhaustive one; keeping
   fewer activations (layernorm, moe_act, moe) lets a memory-bound MoE
   search reach a rate at least as high as the attention core alone."""
-  from calculon.config import Execution
   cfg = dict(MODERN_APP, num_experts=4, top_k=2, moe_ffn_hidden=704,
              first_dense_blocks=1)
   spec = dict(app=Application.from_dict(cfg), system=System(_modern_system()),
@@ -275,25 +298,12 @@ def test_search_with_recompute_modules():
   assert pruned.best[0][0] >= base.best[0][0]
   search = S.SearchSpec(prune=True, recompute_modules=mods, **spec)
   seen = set()
-  for group in S.groups(search):
-    axis = group.axes.index('activation_recompute')
-    valid = np.broadcast_to(S.valid_mask(S.columns(search, S.Chunk(group, ()))),
-                            group.shape)
-    for k in range(len(group.values['activation_recompute'])):
-      flat = np.flatnonzero(np.take(valid, [k], axis=axis))
-      if not len(flat):
-        continue
-      idx = list(np.unravel_index(flat[0], np.take(valid, [k],
-                                                     axis=axis).shape))
-      idx[axis] = k
-      rec = S.execution_record(search, group,
-                               int(np.ravel_multi_index(idx, group.shape)))
-      Execution.from_dict(rec)
-      seen.add(rec['activation_recompute'])
-      if rec['activation_recompute'] == 'selective':
-        assert rec['recompute_modules'] == mods
-      else:
-        assert 'recompute_modules' not in rec
+  for rec in _records_per_value(search, 'activation_recompute'):
+    seen.add(rec['activation_recompute'])
+    if rec['activation_recompute'] == 'selective':
+      assert rec['recompute_modules'] == mods
+    else:
+      assert 'recompute_modules' not in rec
   assert {'selective', 'none', 'full'} <= seen
   from calculon.errors import ConfigError
   with pytest.raises(ConfigError, match="'recompute_modules' = "
@@ -305,7 +315,6 @@ def test_search_with_fsdp_buffer_copies():
   """fsdp_buffer_copies: FSDP candidates pay PyTorch FSDP2's copies (so no
   rate rises), the others are unchanged and their records leave the field
   out; every record is a valid execution; pruning stays exact."""
-  from calculon.config import Execution
   spec = dict(app=Application.from_dict(MODERN_APP),
               system=System(_modern_system()), num_procs=4, max_batch_size=4,
               datatype='float16', space='modern')
@@ -320,27 +329,12 @@ def test_search_with_fsdp_buffer_copies():
   assert full.best[0][0] <= base.best[0][0]
   search = S.SearchSpec(prune=True, fsdp_buffer_copies=True, **spec)
   seen = set()
-  for group in S.groups(search):
-    if 'data_par_sharding' not in group.axes:
-      continue
-    axis = group.axes.index('data_par_sharding')
-    valid = np.broadcast_to(S.valid_mask(S.columns(search, S.Chunk(group, ()))),
-                            group.shape)
-    for k in range(len(group.values['data_par_sharding'])):
-      flat = np.flatnonzero(np.take(valid, [k], axis=axis))
-      if not len(flat):
-        continue
-      idx = list(np.unravel_index(flat[0], np.take(valid, [k],
-                                                     axis=axis).shape))
-      idx[axis] = k
-      rec = S.execution_record(search, group,
-                               int(np.ravel_multi_index(idx, group.shape)))
-      Execution.from_dict(rec)
-      seen.add(rec['data_par_sharding'])
-      if rec['data_par_sharding'] == 'parameters':
-        assert rec['fsdp_buffer_copies'] is True
-      else:
-        assert 'fsdp_buffer_copies' not in rec
+  for rec in _records_per_value(search, 'data_par_sharding'):
+    seen.add(rec['data_par_sharding'])
+    if rec['data_par_sharding'] == 'parameters':
+      assert rec['fsdp_buffer_copies'] is True
+    else:
+      assert 'fsdp_buffer_copies' not in rec
   assert {'parameters', 'optimizer'} <= seen
 
 
