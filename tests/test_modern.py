@@ -751,6 +751,43 @@ def test_fsdp2_buffer_copies_hand_count():
   assert 0.5e-3 < fw + bw < 2e-3
 
 
+def test_unfused_cross_entropy_hand_count():
+  """cross_entropy_kernel 'unfused' (Megatron-LM vocab_parallel_cross_
+  entropy without --cross-entropy-loss-fusion): per logit, forward the cast
+  to float32 (2 + 4), max (4), subtract (4 + 4), exp (4 + 4), sum (4) and
+  divide (4 + 4) = 38 bytes; backward the saved softmax scaled (4 + 4) and
+  cast back (4 + 2) = 14; the fused kernel 4 + 6.  Llama 3 8B, 8,192
+  tokens x 128,256 logits per microbatch: the loss's stage time grows by
+  the memory time of the difference; float32 logits skip the casts."""
+  common = dict(data_par=8, batch_size=8, datatype='bfloat16',
+                data_par_sharding='optimizer')
+  fused = evaluation(llama(), system=H100_SXM, **common)
+  unfused = evaluation(llama(), system=H100_SXM,
+                       cross_entropy_kernel='unfused', **common)
+  logits = 8192 * 128256
+
+  def loss(ev):
+    return [x for x in ev.head_layers if x.name == 'Head_CrossEntropy'][0]
+  for ev, fw, bw in ((fused, 4, 6), (unfused, 38, 14)):
+    ce = loss(ev)
+    assert value(ce.inputs) == logits
+    assert value(ce.fw_mem_bytes()) == fw * logits
+    assert value(ce.agrad_mem_bytes()) == bw * logits
+  mem = H100_SXM.mem1
+  extra = (mem.time_s(38.0 * logits) - mem.time_s(4.0 * logits) +
+           mem.time_s(14.0 * logits) - mem.time_s(6.0 * logits))
+  assert value(unfused.lm_head_time_s - fused.lm_head_time_s) == \
+    pytest.approx(extra, rel=1e-9)
+  assert 0.01 < extra < 0.02                    # ~13 ms at 3.35 TB/s
+  ce = loss(unfused)
+  ce.bpe = 4.0                                  # float32 logits
+  assert value(ce.fw_mem_bytes()) == 32 * logits
+  assert value(ce.agrad_mem_bytes()) == 8 * logits
+  with pytest.raises(ConfigError, match='cross_entropy_kernel.* = "apex" '
+                     'is not allowed: one of "fused", "unfused"'):
+    Execution.from_dict(dict(BASE_EXE, cross_entropy_kernel='apex'))
+
+
 def test_fsdp_buffer_copies_need_fsdp():
   exe = dict(BASE_EXE, num_procs=8, data_par=8, batch_size=8,
              data_par_sharding='optimizer', fsdp_buffer_copies=True)

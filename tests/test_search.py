@@ -338,6 +338,29 @@ def test_search_with_fsdp_buffer_copies():
   assert {'parameters', 'optimizer'} <= seen
 
 
+def test_search_with_unfused_cross_entropy():
+  """cross_entropy_kernel 'unfused': every candidate of the modern space
+  pays the float32 loss kernels, so the best rate falls and its record
+  says so; pruning stays exact; an unknown kernel is a one-line error."""
+  from calculon.errors import ConfigError
+  spec = dict(app=Application.from_dict(MODERN_APP),
+              system=System(_modern_system()), num_procs=4, max_batch_size=4,
+              datatype='float16', space='modern')
+  base = S.optimal_executions(S.SearchSpec(prune=True, **spec), 5)
+  full = S.optimal_executions(S.SearchSpec(
+    prune=False, cross_entropy_kernel='unfused', **spec), 5)
+  pruned = S.optimal_executions(S.SearchSpec(
+    prune=True, cross_entropy_kernel='unfused', **spec), 5)
+  assert pruned.best == full.best
+  assert full.best[0][0] < base.best[0][0]
+  search = S.SearchSpec(prune=True, cross_entropy_kernel='unfused', **spec)
+  recs = list(_records_per_value(search, 'activation_recompute'))
+  assert recs and all(r['cross_entropy_kernel'] == 'unfused' for r in recs)
+  with pytest.raises(ConfigError, match="'cross_entropy_kernel' = \"apex\" "
+                     'is not allowed: one of "fused", "unfused"'):
+    S.SearchSpec(cross_entropy_kernel='apex', **spec)
+
+
 def test_space_option_keeps_calculon_searches():
   """--space auto gives Calculon's space for a Calculon application and the
   modern one otherwise."""

@@ -104,6 +104,12 @@ def _common(p, formats):
                  'weights and the gradients on the compute stream, as '
                  "PyTorch FSDP2 does (default: gathered and reduced in "
                  'place, as Megatron-FSDP)')
+  p.add_argument('--cross-entropy-kernel', default='fused',
+                 choices=('fused', 'unfused'),
+                 help="modern space: the loss's kernels ('fused', the "
+                 "default: one kernel, as Megatron-Core's "
+                 "--cross-entropy-loss-fusion; 'unfused': float32 "
+                 'element-wise kernels, as PyTorch cross_entropy)')
   p.add_argument('--gradient-datatype', default='float32',
                  choices=('float32', 'bfloat16', 'float16', 'calculon'),
                  help='modern space: gradients kept and reduced in this '
@@ -157,6 +163,7 @@ def _spec(args):
                       quantization_scaling=args.quantization_scaling,
                       recompute_modules=args.recompute_modules,
                       fsdp_buffer_copies=args.fsdp_buffer_copies,
+                      cross_entropy_kernel=args.cross_entropy_kernel,
                       gradient_datatype=grads, prune=not args.no_prune)
 
 

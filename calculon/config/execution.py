@@ -41,6 +41,8 @@ PRECISION_RECIPE_NAMES = ('uniform', 'transformer_engine')
 #: How the narrow linear layers' scaling factors are found (see
 #: ``quantization_scaling``).
 SCALING_NAMES = ('delayed', 'current', 'block')
+#: The loss's kernels (see ``cross_entropy_kernel``).
+CROSS_ENTROPY_NAMES = ('fused', 'unfused')
 #: Megatron-Core's selective-recomputation modules (--recompute-modules;
 #: megatron/core/transformer/transformer_config.py ``recompute_modules``):
 #: the attention core, the two norms, MLA's up projections and RoPE, the
@@ -109,6 +111,7 @@ SHARD_NONE, SHARD_OPTIMIZER, SHARD_GRADIENTS, SHARD_PARAMETERS = 0, 1, 2, 3
 KERNEL_STANDARD, KERNEL_FLASH = 0, 1
 RECIPE_UNIFORM, RECIPE_TE = 0, 1
 SCALING_DELAYED, SCALING_CURRENT, SCALING_BLOCK = 0, 1, 2
+CROSS_ENTROPY_FUSED, CROSS_ENTROPY_UNFUSED = 0, 1
 DISPATCH_ALLTOALL, DISPATCH_ALLGATHER, DISPATCH_DEEPEP = 0, 1, 2
 MOE_OVERLAP_NONE, MOE_OVERLAP_SHARED, MOE_OVERLAP_COMPUTE = 0, 1, 2
 CHECKPOINT_WHOLE, CHECKPOINT_AS_INPUT = 0, 1
@@ -183,6 +186,8 @@ OPTIONAL_SPECS = {
                            'delayed'),
   'recompute_modules': (Spec('list'), RECOMPUTE_MODULE_SETS, 'core_attn'),
   'fsdp_buffer_copies': (_BOOL, None, False),
+  'cross_entropy_kernel': (Spec('str', choices=CROSS_ENTROPY_NAMES),
+                           CROSS_ENTROPY_NAMES, 'fused'),
 }
 #: Calculon fields that new-style executions may leave out, with what their
 #: absence means (attention_type: as the application's kv_heads say;
@@ -277,7 +282,13 @@ class Execution:
   gradients into the reduce-scatter buffer, on the compute stream, as
   PyTorch FSDP2's per-parameter sharding does; absent: false, flat
   buffers gathered and reduced in place, as Megatron-FSDP and ZeRO-3's
-  contiguous buffers).
+  contiguous buffers), cross_entropy_kernel (the loss over the
+  vocabulary: 'fused', one kernel reading the 16-bit logits and writing
+  their gradient, as Transformer Engine's and Megatron-Core's
+  --cross-entropy-loss-fusion; 'unfused', the logits cast to float32 and
+  the softmax cross-entropy taken by separate element-wise kernels, as
+  Megatron-LM's vocab_parallel_cross_entropy without that flag and
+  PyTorch's cross_entropy on float32 logits; absent: 'fused').
   ``attention_type`` and ``optimizer_sharding`` may be left
   out when the application's ``kv_heads`` / ``data_par_sharding`` say.
   """
@@ -321,6 +332,7 @@ class Execution:
   quantization_scaling: str = 'delayed'
   recompute_modules: object = 'core_attn'
   fsdp_buffer_copies: bool = False
+  cross_entropy_kernel: str = 'fused'
 
   @classmethod
   def from_dict(cls, cfg, source='<execution>'):

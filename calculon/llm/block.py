@@ -11,7 +11,7 @@ order, into per-block, per-microbatch totals.
 import numpy as np
 
 from calculon.config.execution import (
-  RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_MODULES,
+  CROSS_ENTROPY_UNFUSED, RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_MODULES,
   RECOMPUTE_SELECTIVE, TP_OVERLAP_NONE)
 from calculon.llm.layers import (
   flag, negate, where, BatchMatMul, CrossEntropy, DropOut, ElementWise,
@@ -478,7 +478,9 @@ def build_head(app, exe, ctx, holds_weights=True):
       setattr(head, attr, where(holds_weights, getattr(head, attr), 0))
   head.core = False
   layers.append(head)
-  add(CrossEntropy, 'Head_CrossEntropy', shape.batch_seq * vocab_local)
+  unfused = np.asarray(exe.cross_entropy_kernel) == CROSS_ENTROPY_UNFUSED
+  add(CrossEntropy, 'Head_CrossEntropy', shape.batch_seq * vocab_local,
+      unfused=unfused if np.any(unfused) else False)
   return layers
 
 

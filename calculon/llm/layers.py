@@ -942,23 +942,51 @@ class EmbeddingLookup(Layer):
 class CrossEntropy(Layer):
   """Vocabulary-parallel softmax cross-entropy over ``size`` = tokens x
   vocab / TP logits (Megatron-LM ``vocab_parallel_cross_entropy``): the
-  logits are turned into fp32 softmax in place and kept for the backward
-  pass.  FLOP per logit: 5 forward (max, subtract, exp, sum, divide), 2
-  backward (softmax minus the one-hot target, scaled).  The three TP
-  all-reduces of tokens-sized fp32 vectors (max, sum, target logit) are
-  negligible and not priced.
+  softmax is kept in fp32 for the backward pass.  FLOP per logit: 5
+  forward (max, subtract, exp, sum, divide), 2 backward (softmax minus the
+  one-hot target, scaled).  The three TP all-reduces of tokens-sized fp32
+  vectors (max, sum, target logit) are negligible and not priced.
+
+  Memory traffic per logit (b = the logits' bytes, 2 for 16-bit):
+  ``unfused`` False (fused kernels: Transformer Engine's cross-entropy,
+  Megatron-Core --cross-entropy-loss-fusion): 2b forward (read the logits,
+  write the result), 4 + b backward (read the fp32 softmax, write the
+  gradient).  ``unfused`` True (Megatron-LM megatron/core/tensor_parallel/
+  cross_entropy.py without the fusion): forward, the cast to fp32 (b + 4),
+  max (4), subtract in place (8), exp in place (8), sum (4), divide in
+  place (8): 36 + b; backward, the saved softmax scaled in place (8) and
+  cast back to the logits' datatype (4 + b): 12 + b.  PyTorch's
+  ``cross_entropy`` on fp32 logits (torchtitan) moves about as much (48
+  bytes at b = 2, against 52).  Float32 logits skip the casts.
   """
 
-  def __init__(self, name, ctx, size, **flags):
+  def __init__(self, name, ctx, size, unfused=False, **flags):
     super().__init__(name, ctx, fw_flops=5 * size, agrad_flops=2 * size,
                      inputs=size, outputs=size, activation=size,
                      activation_grads=size, **flags)
+    self.unfused = unfused
 
   def activation_bytes(self):
     return self.activation * FP32_BYTES
 
+  def _cast_bytes(self):
+    """Bytes per logit of one cast between the logits' datatype and fp32
+    (none when they are fp32)."""
+    return where(self.bpe >= FP32_BYTES, 0.0, self.bpe + FP32_BYTES)
+
+  def fw_mem_bytes(self):
+    fused = super().fw_mem_bytes()
+    if _is_zero(self.unfused):
+      return fused
+    return where(self.unfused, self.inputs * (
+      self._cast_bytes() + 32.0), fused)
+
   def agrad_mem_bytes(self):
-    return self.inputs * FP32_BYTES + self.outputs * self.bpe
+    fused = self.inputs * FP32_BYTES + self.outputs * self.bpe
+    if _is_zero(self.unfused):
+      return fused
+    return where(self.unfused, self.inputs * (
+      self._cast_bytes() + 8.0), fused)
 
 
 # -- Mixture-of-Experts -------------------------------------------------------------

@@ -31,7 +31,8 @@ from calculon.config.execution import (
   DISPATCHER_NAMES,
   MOE_OVERLAP_NAMES, NARROW_DATATYPES,
   PRECISION_RECIPE_NAMES, RECOMPUTE_FULL, RECOMPUTE_MODULE_SETS,
-  RECOMPUTE_NAMES, SCALING_NAMES, recompute_modules_label,
+  RECOMPUTE_NAMES, SCALING_NAMES, CROSS_ENTROPY_NAMES,
+  recompute_modules_label,
   SHARDING_NAMES, TP_COMM_NAMES, TP_COMM_RS_AG, TP_OVERLAP_NAMES, UNSET)
 from calculon.llm import space
 from calculon.llm.model import (
@@ -116,6 +117,8 @@ class SearchSpec:
     fsdp_buffer_copies: FSDP candidates of the modern space copy the
       gathered weights and the gradients on the compute stream (PyTorch
       FSDP2; the other candidates' records leave it out).
+    cross_entropy_kernel: the loss's kernels in every candidate of the
+      modern space ('fused' or 'unfused').
     prune: skip chunks whose best possible sample rate is below the n-th
       best found so far (exact, see :func:`chunk_rate_bound`; modern space
       only).
@@ -135,6 +138,7 @@ class SearchSpec:
   quantization_scaling: str = 'delayed'
   recompute_modules: object = None
   fsdp_buffer_copies: bool = False
+  cross_entropy_kernel: str = 'fused'
   prune: bool = True
 
   def __post_init__(self):
@@ -143,6 +147,13 @@ class SearchSpec:
     if self.precision_recipe is None:
       self.precision_recipe = 'transformer_engine' \
         if self.datatype in NARROW_DATATYPES else 'uniform'
+    if self.cross_entropy_kernel not in CROSS_ENTROPY_NAMES:
+      from calculon.errors import ConfigError
+      raise ConfigError(
+        f"<search>: field 'cross_entropy_kernel' = "
+        f'"{self.cross_entropy_kernel}" is not allowed: one of '
+        + ', '.join(f'"{n}"' for n in CROSS_ENTROPY_NAMES),
+        field='cross_entropy_kernel', value=self.cross_entropy_kernel)
     if self.recompute_modules is not None:
       self.recompute_modules = recompute_modules_label(
         self.recompute_modules, source='<search>',
@@ -365,6 +376,8 @@ def columns(spec, chunk):
       # reads it so); records of the others leave it out.
       cols['recompute_modules'] = np.int64(RECOMPUTE_MODULE_SETS.index(
         ','.join(spec.recompute_modules)))
+    cols['cross_entropy_kernel'] = np.int64(CROSS_ENTROPY_NAMES.index(
+      spec.cross_entropy_kernel))
     if spec.fsdp_buffer_copies:
       # Acts only with data_par_sharding 'parameters' (the engine reads it
       # so); records of the others leave it out.

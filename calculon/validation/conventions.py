@@ -17,9 +17,10 @@ import os
 import re
 
 from calculon.config.execution import (
-  ATTENTION_KERNEL_NAMES, CHECKPOINT_LAYOUT_NAMES, DATATYPE_NAMES,
-  DISPATCHER_NAMES, MOE_OVERLAP_NAMES, PRECISION_RECIPE_NAMES,
-  RECOMPUTE_MODULES, RECOMPUTE_NAMES, SCALING_NAMES, SHARDING_NAMES, TP_COMM_NAMES, TP_OVERLAP_NAMES)
+  ATTENTION_KERNEL_NAMES, CHECKPOINT_LAYOUT_NAMES, CROSS_ENTROPY_NAMES,
+  DATATYPE_NAMES, DISPATCHER_NAMES, MOE_OVERLAP_NAMES,
+  PRECISION_RECIPE_NAMES, RECOMPUTE_MODULES, RECOMPUTE_NAMES, SCALING_NAMES,
+  SHARDING_NAMES, TP_COMM_NAMES, TP_OVERLAP_NAMES)
 from calculon.config.application import OPTIONAL as APP_OPTIONAL
 from calculon.errors import ConfigError
 
@@ -62,6 +63,7 @@ SETTINGS = {
   'param_gather_overlap': 'bool',
   'quantization_scaling': SCALING_NAMES,
   'fsdp_buffer_copies': 'bool',
+  'cross_entropy_kernel': CROSS_ENTROPY_NAMES,
 }
 #: CSV columns a pattern may look at.
 MATCH_COLUMNS = ('source', 'model_name', 'gpu_type', 'dtype', 'recompute',

@@ -27,8 +27,8 @@ import re
 import numpy as np
 
 from calculon.config.execution import (
-  ATTENTION_KERNEL_NAMES, CHECKPOINT_LAYOUT_NAMES, DATATYPE_NAMES,
-  DISPATCHER_NAMES, FIELDS,
+  ATTENTION_KERNEL_NAMES, CHECKPOINT_LAYOUT_NAMES, CROSS_ENTROPY_NAMES,
+  DATATYPE_NAMES, DISPATCHER_NAMES, FIELDS,
   MOE_OVERLAP_NAMES, PRECISION_RECIPE_NAMES, RECOMPUTE_FULL,
   RECOMPUTE_MODULE_SETS, RECOMPUTE_NAMES, json_value,
   recompute_modules_label, SCALING_NAMES, SHARDING_NAMES, TP_COMM_NAMES,
@@ -107,6 +107,7 @@ CATEGORIES = {
   'gradient_datatype': DATATYPE_NAMES,
   'quantization_scaling': SCALING_NAMES,
   'recompute_modules': RECOMPUTE_MODULE_SETS,
+  'cross_entropy_kernel': CROSS_ENTROPY_NAMES,
 }
 #: The largest microbatch searched.
 MAX_MICROBATCH = 64
@@ -644,7 +645,7 @@ class Mapper:
       settings['data_par_sharding'][0] in ('parameters', ['parameters'])
     for key in ('moe_dispatcher', 'expert_imbalance', 'gradient_datatype',
                 'param_gather_overlap', 'quantization_scaling',
-                'fsdp_buffer_copies'):
+                'fsdp_buffer_copies', 'cross_entropy_kernel'):
       # The scaling the dtype column names (datatypes table) wins.
       if key == 'quantization_scaling' and (not narrow or key in fixed):
         continue
