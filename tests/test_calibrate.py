@@ -289,3 +289,16 @@ def test_all_to_all_across_nodes_splits_by_tier():
   layer = next(l for l in ev.layers if l.name == 'Moe_Dispatch')
   assert np.asarray(layer.ep_time_s()).reshape(-1)[0] == pytest.approx(
     max(inter, intra), rel=1e-9)
+
+
+def test_network_tiers_have_a_narrower_prior():
+  """Network tiers' file values are measured bus bandwidths: by default a
+  fit may move them by about a quarter (prior width 0.25 in log), the
+  other scales by a factor e (1.0); a width the caller gives holds for
+  every scale; overheads keep their own widths."""
+  assert C._prior_width('net0', C.PRIOR_SIGMA) == 0.25
+  assert C._prior_width('net1', C.PRIOR_SIGMA) == 0.25
+  assert C._prior_width('matrix', C.PRIOR_SIGMA) == C.PRIOR_SIGMA == 1.0
+  assert C._prior_width('moe', C.PRIOR_SIGMA) == 1.0
+  assert C._prior_width('net0', 5.0) == 5.0
+  assert C._prior_width('per_step_s', C.PRIOR_SIGMA) == 1.0

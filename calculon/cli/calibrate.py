@@ -48,7 +48,9 @@ def add_parsers(sp):
                  help='price every row of the runs file(s) on SYSTEM')
   p.add_argument('--prior-sigma', type=float, default=None,
                  help='width of the prior on the scales, in log units '
-                 '(default 1.0)')
+                 '(default 1.0, and 0.25 for the network tiers, whose file '
+                 'values are measured; a value given holds for every '
+                 'scale)')
   p.add_argument('--refine', type=int, default=2,
                  help='re-linearizations at the fit (default 2)')
   p.add_argument('--conventions', default=None,
