@@ -37,7 +37,7 @@ def add_parsers(sp):
                  help='comma-separated parameters to fit (matrix, '
                  'matrix_narrow, vector, attention, moe, net0, net1, ..., '
                  'per_step_s, per_microbatch_s) or auto (default: those the '
-                 'runs determine)')
+                 'runs determine, per_step_s aside)')
   p.add_argument('--cv', choices=CV_CHOICES, default='both',
                  help='cross-validation: leave one source out, one run out, '
                  'both (default) or none')
