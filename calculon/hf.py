@@ -45,8 +45,7 @@ What the application cannot express is decided per feature:
 * **error** (:class:`~calculon.errors.ConfigError`, one line, exit 2) when
   the result would be wrong by more than a small amount, or the input is not
   understood: an unknown ``model_type``/architecture, a missing or malformed
-  field, sliding-window attention narrower than the sequence (import with a
-  ``seq`` no longer than the window), MoE layer placements that
+  field, MoE layer placements that
   ``first_dense_blocks`` / ``moe_layer_freq`` cannot reproduce;
 * **note** (written in the output's ``notes``, and returned) when the
   omission changes the parameter count by well under 0.1% and the time
@@ -54,7 +53,9 @@ What the application cannot express is decided per feature:
   post-norms and logit soft-capping, an attention-output bias that
   ``linear_bias`` cannot place, Qwen2-MoE's shared-expert gate, DeepSeek's
   router bias, ALiBi or partial RoPE (priced as RoPE; neither has
-  parameters), a sliding window no narrower than the sequence, and
+  parameters), a sliding window no narrower than the sequence (full
+  attention; a narrower one sets ``sliding_window`` and
+  ``sliding_window_blocks``), and
   DeepSeek's multi-token-prediction layers (``num_nextn_predict_layers``,
   left out as in ``models/deepseek-v3.json``: the main model).
 """
@@ -331,7 +332,7 @@ def application_from_hf(cfg, source='config.json', seq=None, name=None):
     _qwen_moe(c, app, layers, notes)
 
   _family_notes(c, family, app, layers, notes)
-  _sliding_window(c, family, seq, notes)
+  _sliding_window(c, family, seq, app, layers, notes)
 
   label = name or cfg.get('_name_or_path') or _default_name(source, family)
   head = {'name': str(label),
@@ -466,7 +467,13 @@ def _family_notes(c, family, app, layers, notes):
                  'its logit soft-capping are not modeled.')
 
 
-def _sliding_window(c, family, seq, notes):
+def _sliding_window(c, family, seq, app, layers, notes):
+  """``sliding_window`` and the blocks using it: those ``layer_types``
+  marks ``sliding_attention`` (transformers' per-layer list), Gemma 2's
+  every other block (even layers, modeling_gemma2.py), Qwen2's blocks from
+  ``max_window_layers`` on when ``use_sliding_window``, else every block
+  (Mistral).  A window no narrower than the sequence is full attention
+  (a note)."""
   window = c.obj.get('sliding_window')
   if window is None:
     return
@@ -475,9 +482,26 @@ def _sliding_window(c, family, seq, notes):
     return
   if isinstance(window, bool) or not isinstance(window, int) or window < 1:
     c._fail('sliding_window', window, 'an integer >= 1 or null')
-  if window < seq:
-    c._fail('sliding_window', window, f'calculon prices full causal '
-            f'attention, and a window narrower than the sequence ({seq}) '
-            'would be overpriced: import with --seq N (N <= the window)')
-  notes.append(f'sliding_window {window} >= seq_size {seq}: full attention '
-               'is exact.')
+  if window >= seq:
+    notes.append(f'sliding_window {window} >= seq_size {seq}: full '
+                 'attention is exact.')
+    return
+  types = c.obj.get('layer_types')
+  if isinstance(types, list) and len(types) == layers:
+    blocks = sum(1 for t in types if t == 'sliding_attention')
+    how = 'layer_types'
+  elif family == 'gemma2':
+    blocks, how = (layers + 1) // 2, 'every other block (Gemma 2)'
+  elif family in ('qwen2', 'qwen2_moe', 'qwen3', 'qwen3_moe'):
+    first = c.int('max_window_layers', layers, lo=0)
+    blocks = max(layers - first, 0)
+    how = f'blocks from max_window_layers {first} on'
+  else:
+    blocks, how = layers, 'every block'
+  if blocks == 0:
+    return
+  app['sliding_window'] = window
+  if blocks != layers:
+    app['sliding_window_blocks'] = blocks
+  notes.append(f'sliding_window {window} in {blocks} of {layers} blocks '
+               f'({how}).')

@@ -276,17 +276,35 @@ def test_gemma_head_dim_and_tied():
   assert a.num_parameters() == L * block + h + V * h == 96_832
 
 
-def test_gemma2_sliding_window_is_an_error_unless_seq_fits():
+def test_gemma2_sliding_window_every_other_block():
+  """Gemma 2 attends over a 4,096-token window in its even layers
+  (modeling_gemma2.py): at 8k tokens, 1 of 2 blocks windowed; at 4k the
+  window covers the sequence (full attention, a note); a layer_types list
+  (transformers' per-layer attention types) wins; Mistral's window holds
+  in every block."""
   cfg = {'model_type': 'gemma2', 'hidden_size': 64, 'head_dim': 16,
          'intermediate_size': 128, 'num_attention_heads': 4,
          'num_key_value_heads': 2, 'num_hidden_layers': 2,
          'vocab_size': 100, 'rms_norm_eps': 1e-6, 'sliding_window': 4096,
          'max_position_embeddings': 8192, 'final_logit_softcapping': 30.0}
-  with pytest.raises(ConfigError, match="'sliding_window' = 4096"):
-    convert(cfg)
+  app, notes, a = convert(cfg)
+  assert (app['sliding_window'], app['sliding_window_blocks']) == (4096, 1)
+  assert a.windowed_share == 0.5
+  assert any('sliding_window 4096 in 1 of 2 blocks' in n for n in notes)
   app, notes, _ = convert(cfg, seq=4096)
+  assert 'sliding_window' not in app
   assert any('post-feedforward' in n for n in notes)
   assert any('sliding_window 4096 >= seq_size' in n for n in notes)
+  typed = dict(cfg, num_hidden_layers=4, layer_types=[
+    'sliding_attention', 'sliding_attention', 'sliding_attention',
+    'full_attention'])
+  assert convert(typed)[0]['sliding_window_blocks'] == 3
+  mistral = dict(LLAMA3_8B, model_type='mistral', sliding_window=4096,
+                 max_position_embeddings=32768)
+  app, _, _ = convert(mistral)
+  assert app['sliding_window'] == 4096 and 'sliding_window_blocks' not in app
+  with pytest.raises(ConfigError, match="'sliding_window' = -1"):
+    convert(dict(cfg, sliding_window=-1))
 
 
 def test_mistral_llama_biases():

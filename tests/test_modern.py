@@ -716,6 +716,49 @@ def test_fsdp_backward_hides_behind_the_recomputed_forward_too():
       max(0.0, comm - window) + min(comm, window) * usage, rel=1e-12)
 
 
+def test_sliding_window_tiles_and_time():
+  """A causal kernel computes n (n + 1) / 2 of the n^2 score tiles
+  (n = s / 128); with a 128-token window each query tile needs its
+  diagonal tile and the one before: (1 + 2 (n - 1)) / n^2 (63/1024 at
+  4k tokens); a window as long as the sequence is causal.  gpt-oss
+  windows half its blocks: the fused attention's FLOP is the mean of
+  the two; standard attention computes the whole matrix either way."""
+  from calculon.llm.layers import (attention_tile_fraction,
+                                   causal_tile_fraction, window_tile_fraction)
+  assert causal_tile_fraction(4096) == 33 / 64
+  assert window_tile_fraction(4096, 128) == 63 / 1024
+  assert window_tile_fraction(4096, 4096) == causal_tile_fraction(4096)
+  assert window_tile_fraction(8192, 4096) == pytest.approx(
+    sum(min(i, 32) + 1 for i in range(64)) / 64 ** 2)
+  full = llama(seq_size=4096)
+  half = llama(seq_size=4096, sliding_window=128, sliding_window_blocks=16)
+  assert attention_tile_fraction(half) == pytest.approx(
+    (63 / 1024 + 33 / 64) / 2)
+  common = dict(data_par=8, batch_size=8, datatype='bfloat16',
+                data_par_sharding='optimizer', attention_kernel='flash')
+
+  def attn(app, **kw):
+    ev = evaluation(app, system=H100_SXM, **dict(common, **kw))
+    name = 'AttnBlock_' + ('FlashAttention' if kw.get(
+      'attention_kernel', 'flash') == 'flash' else 'Multihead_Key_Query')
+    layer = [x for x in ev.layers if x.name == name][0]
+    return ev, value(layer.fw_flops)
+  ev_full, f_full = attn(full)
+  ev_half, f_half = attn(half)
+  assert f_half / f_full == pytest.approx(attention_tile_fraction(half) /
+                                          (33 / 64), rel=1e-12)
+  assert value(ev_half.total_time_s) < value(ev_full.total_time_s)
+  _, s_full = attn(full, attention_kernel='standard')
+  _, s_half = attn(half, attention_kernel='standard')
+  assert s_full == s_half
+  with pytest.raises(ConfigError, match="'sliding_window_blocks' = 40 is "
+                     r'not allowed: it must be <= num_blocks \(32\)'):
+    llama(sliding_window=128, sliding_window_blocks=40)
+  with pytest.raises(ConfigError, match="'sliding_window_blocks' = 2 is "
+                     'not allowed: it needs sliding_window'):
+    llama(sliding_window_blocks=2)
+
+
 def test_fsdp2_buffer_copies_hand_count():
   """PyTorch FSDP2 copies each block's gathered weights out of the
   all-gather buffer before its forward and again before its backward

@@ -151,6 +151,16 @@ def test_framework_loss_and_fsdp_copies_from_the_rules(suite):
   assert 'cross_entropy_kernel' not in case(suite, 'black-01').fixed
 
 
+def test_gpt_oss_rows_get_the_banded_window(suite):
+  """gpt-oss-120b alternates dense and 128-token banded attention over
+  its 36 blocks (OpenAI 2025 model card, section 2.1): the family entry
+  sets 18 windowed blocks; other families none."""
+  app = case(suite, 'megatron-bridge-19').app
+  assert (app['sliding_window'], app['sliding_window_blocks'],
+          app['num_blocks']) == (128, 18, 36)
+  assert 'sliding_window' not in case(suite, 'megatron-bridge-07').app
+
+
 def test_recompute_modules_from_the_recompute_column(suite):
   """A selective row naming Megatron-Core modules recomputes those
   (recompute_modules table): the model zoo's Qwen3-235B at 32k tokens with

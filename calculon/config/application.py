@@ -45,6 +45,14 @@ Multi-head latent attention (DeepSeek-V2/V3; absent: GQA/MHA):
 ``q_lora_rank`` (null: no query compression), ``kv_lora_rank``,
 ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``; ``attn_size``
 must then be ``qk_nope_head_dim + qk_rope_head_dim``.
+
+Sliding-window attention (absent: every block attends causally over the
+whole sequence): ``sliding_window`` w, each query attends to the w most
+recent tokens (itself included; Mistral 7B, Jiang et al. 2023, section 2;
+Gemma 2; gpt-oss), in ``sliding_window_blocks`` of the blocks (absent:
+all; Gemma 2 and gpt-oss alternate windowed and full blocks, half of
+them).  A fused kernel skips the score tiles outside the window; an
+unfused (standard) attention computes and masks the whole matrix.
 """
 
 from collections import OrderedDict
@@ -92,6 +100,8 @@ OPTIONAL = OrderedDict([
   ('qk_nope_head_dim', (Spec('int', lo=1), None)),
   ('qk_rope_head_dim', (Spec('int', lo=1), None)),
   ('v_head_dim', (Spec('int', lo=1), None)),
+  ('sliding_window', (Spec('int', lo=1), None)),
+  ('sliding_window_blocks', (Spec('int', lo=0), None)),
 ])
 
 MOE_FIELDS = ('top_k', 'moe_ffn_hidden', 'shared_experts',
@@ -171,6 +181,8 @@ class Application:
   qk_nope_head_dim: object = None
   qk_rope_head_dim: object = None
   v_head_dim: object = None
+  sliding_window: object = None
+  sliding_window_blocks: object = None
 
   FIELDS = ('hidden', 'feedforward', 'seq_size', 'attn_heads', 'attn_size',
             'num_blocks')
@@ -236,6 +248,13 @@ class Application:
         self.num_experts, self.top_k, groups, group_topk)
       if misfit:
         fail(*misfit)
+    if self.sliding_window is None and self.sliding_window_blocks is not None:
+      fail('sliding_window_blocks', 'it needs sliding_window (the blocks '
+           'that attend over a window)')
+    if self.sliding_window_blocks is not None and \
+        self.sliding_window_blocks > self.num_blocks:
+      fail('sliding_window_blocks', f'it must be <= num_blocks '
+           f'({self.num_blocks})')
     mla = [getattr(self, n) is not None for n in MLA_FIELDS]
     if any(mla) or self.q_lora_rank is not None:
       for name, there in zip(MLA_FIELDS, mla):
@@ -287,6 +306,16 @@ class Application:
   @property
   def is_moe(self):
     return self.num_experts is not None
+
+  @property
+  def windowed_share(self):
+    """Share of the blocks attending over ``sliding_window`` (0 without
+    a window)."""
+    if self.sliding_window is None:
+      return 0.0
+    blocks = self.num_blocks if self.sliding_window_blocks is None else \
+      self.sliding_window_blocks
+    return blocks / self.num_blocks
 
   @property
   def is_mla(self):

@@ -17,7 +17,7 @@ from calculon.llm.layers import (
   flag, negate, where, BatchMatMul, CrossEntropy, DropOut, ElementWise,
   EmbeddingLookup, FlashAttention, Fork, GeLU, LayerNorm, Linear,
   LinearOverlapped, RMSNorm, RoPE, SoftMax, SwiGLU, TPComm,
-  causal_tile_fraction, ExpertComm, GroupedLinear, WeightedCombine)
+  attention_tile_fraction, ExpertComm, GroupedLinear, WeightedCombine)
 
 
 def _mask(cond):
@@ -217,7 +217,7 @@ def build_block(app, exe, ctx, moe=False):
   add(BatchMatMul, 'AttnBlock_Multihead_Attn', heads_local, s_q, s_k,
       v_size, recompute=full, present=standard, core=True)
   add(FlashAttention, 'AttnBlock_FlashAttention', heads_local, s_q, s_k,
-      head_size, v_size, kv_elems, causal_tile_fraction(app.seq_size),
+      head_size, v_size, kv_elems, attention_tile_fraction(app),
       recompute=attn_re, activation_stored=~(attn_re | mla_re), present=flash,
       core=True)
   add(Linear, 'AttnBlock_MLP', batch_seq, heads * v_size // tp, h,

@@ -853,6 +853,33 @@ def causal_tile_fraction(seq_size):
   return (n + 1) / (2 * n)
 
 
+def window_tile_fraction(seq_size, window):
+  """Fraction of the s x s score tiles a causal sliding-window kernel
+  computes: query tile i (rows iT .. iT + T - 1) needs the keys from
+  iT - w + 1 to its diagonal, i.e. tiles max(0, floor((iT - w + 1) / T))
+  through i; the kernel skips the rest (FlashAttention-2's local
+  attention, window_size; Beltagy et al. 2020, "Longformer", section 3).
+  Equals :func:`causal_tile_fraction` for w >= s."""
+  n = -(-seq_size // FLASH_TILE)
+  i = np.arange(n)
+  first = np.maximum(0, (i * FLASH_TILE - window + 1) // FLASH_TILE)
+  return float(np.sum(i - first + 1)) / (n * n)
+
+
+def attention_tile_fraction(app):
+  """Mean fraction of the score tiles a fused causal kernel computes over
+  the application's blocks: :func:`window_tile_fraction` in its
+  ``windowed_share`` of blocks, :func:`causal_tile_fraction` in the
+  others (the engine prices one block shape; the sum over blocks is exact,
+  a pipeline stage holds the average)."""
+  causal = causal_tile_fraction(app.seq_size)
+  share = app.windowed_share
+  if not share:
+    return causal
+  return share * window_tile_fraction(app.seq_size, app.sliding_window) + \
+    (1 - share) * causal
+
+
 class FlashAttention(Layer):
   """Fused attention core, FlashAttention-2 (Dao 2023): scores and softmax
   stay on chip, never stored.
