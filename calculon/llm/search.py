@@ -26,12 +26,13 @@ import logging
 import numpy as np
 
 from calculon.config import ExecutionColumns
+from calculon.config._schema import Reader
 from calculon.config.execution import (
   ATTENTION_AUTO, ATTENTION_KERNEL_NAMES, CHECKPOINT_AS_INPUT, DATATYPE_NAMES,
   DISPATCHER_NAMES,
   MOE_OVERLAP_NAMES, NARROW_DATATYPES,
   PRECISION_RECIPE_NAMES, RECOMPUTE_FULL, RECOMPUTE_MODULE_SETS,
-  RECOMPUTE_NAMES, SCALING_NAMES, CROSS_ENTROPY_NAMES,
+  RECOMPUTE_NAMES, SCALING_NAMES, CROSS_ENTROPY_NAMES, OPTIONAL_SPECS,
   recompute_modules_label,
   SHARDING_NAMES, TP_COMM_NAMES, TP_COMM_RS_AG, TP_OVERLAP_NAMES, UNSET)
 from calculon.llm import space
@@ -147,13 +148,10 @@ class SearchSpec:
     if self.precision_recipe is None:
       self.precision_recipe = 'transformer_engine' \
         if self.datatype in NARROW_DATATYPES else 'uniform'
-    if self.cross_entropy_kernel not in CROSS_ENTROPY_NAMES:
-      from calculon.errors import ConfigError
-      raise ConfigError(
-        f"<search>: field 'cross_entropy_kernel' = "
-        f'"{self.cross_entropy_kernel}" is not allowed: one of '
-        + ', '.join(f'"{n}"' for n in CROSS_ENTROPY_NAMES),
-        field='cross_entropy_kernel', value=self.cross_entropy_kernel)
+    # Checked as an execution field is (one-line ConfigError).
+    Reader({'cross_entropy_kernel': self.cross_entropy_kernel},
+           '<search>').get('cross_entropy_kernel',
+                           OPTIONAL_SPECS['cross_entropy_kernel'][0])
     if self.recompute_modules is not None:
       self.recompute_modules = recompute_modules_label(
         self.recompute_modules, source='<search>',

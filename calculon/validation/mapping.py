@@ -27,12 +27,9 @@ import re
 import numpy as np
 
 from calculon.config.execution import (
-  ATTENTION_KERNEL_NAMES, CHECKPOINT_LAYOUT_NAMES, CROSS_ENTROPY_NAMES,
-  DATATYPE_NAMES, DISPATCHER_NAMES, FIELDS,
-  MOE_OVERLAP_NAMES, PRECISION_RECIPE_NAMES, RECOMPUTE_FULL,
-  RECOMPUTE_MODULE_SETS, RECOMPUTE_NAMES, json_value,
-  recompute_modules_label, SCALING_NAMES, SHARDING_NAMES, TP_COMM_NAMES,
-  TP_COMM_RS_AG, TP_OVERLAP_NAMES)
+  ATTENTION_KERNEL_NAMES, FIELD_SPECS, FIELDS, OPTIONAL_SPECS,
+  RECOMPUTE_FULL, RECOMPUTE_NAMES, json_value, recompute_modules_label,
+  SHARDING_NAMES, TP_COMM_NAMES, TP_COMM_RS_AG, TP_OVERLAP_NAMES)
 from calculon.config.application import router_groups_fit
 from calculon.config.system import OPTIONAL_EFFICIENCIES
 from calculon.errors import ConfigError
@@ -94,21 +91,10 @@ AXES = ('microbatch_size', 'pipeline_interleaving', 'activation_recompute',
         'tensor_par_comm_type', 'tensor_par_overlap', 'data_par_overlap',
         'data_par_sharding', 'attention_kernel', 'fused_activation',
         'moe_comm_overlap')
-#: Categorical execution fields and their names.
-CATEGORIES = {
-  'datatype': DATATYPE_NAMES, 'activation_recompute': RECOMPUTE_NAMES,
-  'tensor_par_comm_type': TP_COMM_NAMES,
-  'tensor_par_overlap': TP_OVERLAP_NAMES,
-  'data_par_sharding': SHARDING_NAMES,
-  'attention_kernel': ATTENTION_KERNEL_NAMES,
-  'precision_recipe': PRECISION_RECIPE_NAMES,
-  'moe_dispatcher': DISPATCHER_NAMES, 'moe_comm_overlap': MOE_OVERLAP_NAMES,
-  'checkpoint_layout': CHECKPOINT_LAYOUT_NAMES,
-  'gradient_datatype': DATATYPE_NAMES,
-  'quantization_scaling': SCALING_NAMES,
-  'recompute_modules': RECOMPUTE_MODULE_SETS,
-  'cross_entropy_kernel': CROSS_ENTROPY_NAMES,
-}
+#: Categorical execution fields and their names (the execution schema's).
+CATEGORIES = {name: entry[1] for name, entry in
+              {**FIELD_SPECS, **OPTIONAL_SPECS}.items()
+              if entry[1] is not None}
 #: The largest microbatch searched.
 MAX_MICROBATCH = 64
 #: Notes keys (see the module docstring) -> application / execution field.
