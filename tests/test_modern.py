@@ -562,6 +562,51 @@ def test_recompute_modules_dense():
                recompute_modules=['attn'])
 
 
+def test_recompute_alternate_linears():
+  """PyTorch's per-op selective checkpointing as torchtitan applies it
+  (torchtitan models/llama3/infra/parallelize.py, selective_ac_option
+  'op': mm, SDPA, reduce_scatter and max outputs saved except every second
+  mm): of a Llama block's linears wq, wk, wv, wo, w1, w3, w2 the second,
+  fourth and sixth (wk, wo, w3: K, the output projection and half the
+  fused gate/up GEMM) are recomputed with every element-wise layer (both
+  norms, RoPE, SwiGLU, the first residual); the attention core is not.
+  For Llama 3 8B that is 8.4 + 33.5 + 117.4 = 159.4 M of the 436.2 M
+  linear FLOP per token (2 x the weights), 36.5 %."""
+  app = llama(num_blocks=2, seq_size=2048)
+  run = lambda **kw: evaluation(app, H100_SXM, activation_recompute='selective',
+                                attention_kernel='flash', **kw)
+  by = lambda ev, n: [l for l in ev.layers if l.name == n][0]
+  fw = lambda ev, n: value(by(ev, n).processing_time_s('fw'))
+  flops = lambda ev, n: value(by(ev, n).flops('fw'))
+  alt = run(recompute_modules=['alternate_linears'])
+  linears = ('AttnBlock_Query', 'AttnBlock_Key', 'AttnBlock_Value',
+             'AttnBlock_MLP', 'MlpBlock_Mlp1', 'MlpBlock_Mlp2')
+  tokens = 2048  # microbatch 1
+  assert sum(flops(alt, n) for n in linears) / tokens == pytest.approx(
+    2 * (4096 * 4096 * 2 + 4096 * 1024 * 2 + 3 * 4096 * 14336), rel=1e-12)
+  elementwise = ('AttnBlock_RMSNorm', 'AttnBlock_RoPE', 'AttnBlock_Residual',
+                 'MlpBlock_RMSNorm', 'MlpBlock_SwiGLU')
+  redone = [flops(alt, 'AttnBlock_Key'), flops(alt, 'AttnBlock_MLP'),
+            flops(alt, 'MlpBlock_Mlp1') / 2]
+  assert sum(redone) / tokens == pytest.approx(
+    2 * (4096 * 1024 + 4096 * 4096 + 4096 * 14336), rel=1e-12)
+  assert value(alt.block.re_flops) == pytest.approx(
+    sum(redone) + sum(flops(alt, n) for n in elementwise), rel=1e-12)
+  assert value(alt.block.re_time) == pytest.approx(
+    fw(alt, 'AttnBlock_Key') + fw(alt, 'AttnBlock_MLP') +
+    fw(alt, 'MlpBlock_Mlp1') / 2 + sum(fw(alt, n) for n in elementwise),
+    rel=1e-12)
+  # More recomputed than the attention core alone, less than everything.
+  core, full = run(), evaluation(app, H100_SXM, activation_recompute='full',
+                                 attention_kernel='flash')
+  assert value(core.block.re_flops) < value(alt.block.re_flops) < value(
+    full.block.re_flops)
+  # The norm outputs are not kept (as with 'layernorm').
+  norm = run(recompute_modules=['layernorm'])
+  assert value(alt.block.act_storage_bytes) == pytest.approx(
+    value(norm.block.act_storage_bytes), rel=1e-12)
+
+
 def test_dp_overlap_over_context_parallel_ranks():
   """Gradients are reduced over the DP x CP ranks, so DP overlap is valid
   with data_par 1 and context_par 2 (the modern search emits such

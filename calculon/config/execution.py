@@ -46,9 +46,15 @@ CROSS_ENTROPY_NAMES = ('fused', 'unfused')
 #: Megatron-Core's selective-recomputation modules (--recompute-modules;
 #: megatron/core/transformer/transformer_config.py ``recompute_modules``):
 #: the attention core, the two norms, MLA's up projections and RoPE, the
-#: dense MLP, the MoE layer, the experts' activation, the shared experts.
+#: dense MLP, the MoE layer, the experts' activation, the shared experts;
+#: then PyTorch's per-op selective checkpointing as torchtitan sets it
+#: ('alternate_linears': every second linear layer of a block and every
+#: element-wise op recomputed; torchtitan models/llama3/infra/
+#: parallelize.py, _apply_ac_to_transformer_block, selective_ac_option
+#: 'op': the outputs of mm, SDPA, reduce_scatter and max are saved, except
+#: every second mm).  New names go last: a set's code is its bit mask - 1.
 RECOMPUTE_MODULES = ('core_attn', 'layernorm', 'mla_up_proj', 'mlp', 'moe',
-                     'moe_act', 'shared_experts')
+                     'moe_act', 'shared_experts', 'alternate_linears')
 
 
 def _module_sets():
@@ -276,7 +282,13 @@ class Execution:
   (MLA's up projections and RoPE; the attention inputs are not kept),
   'mlp' (the dense MLP from its input), 'moe' (the MoE layer from its
   input, its all-to-alls too), 'moe_act' (the experts' activation; its
-  output is not kept), 'shared_experts'), fsdp_buffer_copies (with
+  output is not kept), 'shared_experts', and 'alternate_linears'
+  (PyTorch's per-op selective activation checkpointing as torchtitan
+  applies it: the second, fourth and sixth linear layers of a dense block
+  in forward order -- K, the output projection, the MLP's up half -- and
+  every element-wise layer (norms, RoPE, the activation, the first
+  residual) recomputed; attention and the other linears' outputs kept)),
+  fsdp_buffer_copies (with
   data_par_sharding 'parameters': FSDP copies each gathered block's
   weights out of the all-gather buffer, twice per microbatch, and its
   gradients into the reduce-scatter buffer, on the compute stream, as

@@ -32,6 +32,16 @@ def _scalar(x):
   return x[()] if isinstance(x, np.ndarray) and x.ndim == 0 else x
 
 
+def _share(whole, part, fraction):
+  """``recompute_share`` of a layer recomputed whole where ``whole`` holds
+  and ``fraction`` of it where only ``part`` does (flags or arrays); the
+  Python float 1.0 when ``part`` never applies alone."""
+  only = _and(part, negate(whole)) if part is not False else False
+  if only is False or (np.ndim(only) == 0 and not only):
+    return 1.0
+  return np.where(only, fraction, 1.0)
+
+
 def recomputed_module(exe, name):
   """Whether selective recomputation recomputes Megatron-Core module
   ``name`` (one of :data:`~calculon.config.execution.RECOMPUTE_MODULES`)
@@ -144,6 +154,12 @@ def build_block(app, exe, ctx, moe=False):
   # dropped), MLA's up projections (the attention inputs dropped).
   norm_re = recomputed_module(exe, 'layernorm')
   mla_re = recomputed_module(exe, 'mla_up_proj')
+  # PyTorch's per-op selective checkpointing (torchtitan's 'op' policy):
+  # every second linear in forward order (K, the output projection, the
+  # MLP's up half) and the element-wise layers are recomputed, so the norm
+  # outputs are not kept either.
+  alt = recomputed_module(exe, 'alternate_linears')
+  norm_re = norm_re | alt
   attn_recomm = (attn_re & (exe.activation_recompute != RECOMPUTE_SELECTIVE)
                  ) | exe.seq_par_ag_redo
   mlp_recomm = full | exe.seq_par_ag_redo
@@ -182,7 +198,9 @@ def build_block(app, exe, ctx, moe=False):
       recompute=full, activation_stored=False, activation_reused=True,
       present=False if app.is_mla else plain)
   add(LinearOverlapped, 'AttnBlock_QKV_AG', batch_seq, h,
-      qkv_width + 2 * shape.kv_total, False, recompute=full,
+      qkv_width + 2 * shape.kv_total, False, recompute=full | alt,
+      recompute_share=_share(full, alt, shape.kv_total /
+                             (qkv_width + 2 * shape.kv_total)),
       recomm=attn_recomm, activation_stored=negate(norm_re),
       present=overlap & kv_sharded)
   add(LinearOverlapped, 'AttnBlock_Query_AG', batch_seq, h, qkv_width, False,
@@ -192,7 +210,8 @@ def build_block(app, exe, ctx, moe=False):
       activation_stored=~(attn_recomm | norm_re),
       present=overlap & ~kv_sharded)
   for name in ('AttnBlock_Key', 'AttnBlock_Value'):
-    add(Linear, name, batch_seq, h, shape.kv_local, recompute=full,
+    add(Linear, name, batch_seq, h, shape.kv_local,
+        recompute=full | alt if name == 'AttnBlock_Key' else full,
         activation_stored=False, activation_reused=True,
         quantizes_input=False,
         present=False if app.is_mla else (plain | ~kv_sharded))
@@ -201,7 +220,8 @@ def build_block(app, exe, ctx, moe=False):
     add(RoPE, 'AttnBlock_RoPE', batch_seq * rope, recompute=full | mla_re)
   elif app.pos_embedding == 'rope':
     add(RoPE, 'AttnBlock_RoPE', batch_seq * (qkv_width // tp +
-                                             shape.kv_local), recompute=full)
+                                             shape.kv_local),
+        recompute=full | alt)
   heads_local = mbs * heads // tp
   scores = heads // tp * s_q * s_k * mbs
   add(BatchMatMul, 'AttnBlock_Multihead_Key_Query', heads_local, s_q,
@@ -221,16 +241,17 @@ def build_block(app, exe, ctx, moe=False):
       recompute=attn_re, activation_stored=~(attn_re | mla_re), present=flash,
       core=True)
   add(Linear, 'AttnBlock_MLP', batch_seq, heads * v_size // tp, h,
-      recompute=full, present=plain)
+      recompute=full | alt, present=plain)
   add(TPComm, 'AttnBlock_G', act, True, recomm=full, activation_stored=False,
       present=False if parallel else plain)
   add(LinearOverlapped, 'AttnBlock_MLP_RS', batch_seq, qkv_width, h, True,
-      recompute=full, recomm=full, present=overlap)
+      recompute=full | alt, recomm=full, present=overlap)
   if not parallel:
     add(DropOut, 'AttnBlock_DropOut', act_in, recompute=full,
         present=dropout)
-    add(ElementWise, 'AttnBlock_Residual', act_in, act_in, recompute=full,
-        activation_stored=False, activation_reused=True)
+    add(ElementWise, 'AttnBlock_Residual', act_in, act_in,
+        recompute=full | alt, activation_stored=False,
+        activation_reused=True)
 
   if moe:
     _moe_mlp(app, exe, ctx, add, shape, norm_cls, norm_name, full, parallel,
@@ -250,18 +271,24 @@ def build_block(app, exe, ctx, moe=False):
       activation_stored=False, activation_reused=True)
   add(TPComm, 'MlpBlock_F', act, False, recomm=mlp_recomm | mlp_re,
       present=plain)
-  add(Linear, 'MlpBlock_Mlp1', batch_seq, h, up // tp, recompute=mlp_in,
+  # The alternate linears' policy recomputes the up half of a gated MLP's
+  # fused gate/up GEMM (w3 of w1, w3, w2) and none of a plain MLP's first.
+  up_alt = alt if app.gated else False
+  up_share = _share(mlp_in, up_alt, 0.5)
+  add(Linear, 'MlpBlock_Mlp1', batch_seq, h, up // tp,
+      recompute=mlp_in | up_alt, recompute_share=up_share,
       activation_stored=~(mlp_recomm | norm_re), present=plain)
   add(LinearOverlapped, 'MlpBlock_Mlp1_AG', batch_seq, h, up, False,
-      recompute=mlp_in, recomm=mlp_recomm | mlp_re,
+      recompute=mlp_in | up_alt, recompute_share=up_share,
+      recomm=mlp_recomm | mlp_re,
       activation_stored=negate(norm_re), present=overlap)
   if app.gated:
     add(SwiGLU, 'MlpBlock_SwiGLU', ff * batch_seq // tp,
-        exe.fused_activation, recompute=mlp_in,
+        exe.fused_activation, recompute=mlp_in | alt,
         activation_stored=negate(mlp_re))
   else:
     add(GeLU, 'MlpBlock_GeLU', ff * batch_seq // tp, exe.fused_activation,
-        recompute=mlp_in, activation_stored=negate(mlp_re))
+        recompute=mlp_in | alt, activation_stored=negate(mlp_re))
   add(Linear, 'MlpBlock_Mlp2', batch_seq, ff // tp, h, recompute=mlp_in,
       activation_stored=negate(mlp_re), present=plain)
   if parallel:
@@ -574,11 +601,14 @@ class BlockTotals:
         rec = layer.recompute
         if rec is not False:
           c = _and(train, rec)
-          acc['re_flops'].add(fw_flops, p, c)
-          acc['re_flops_time'].add(layer.flops_time_s('fw'), p, c)
-          acc['re_mem_bytes'].add(layer.mem_bytes('fw'), p, c)
-          acc['re_mem_time'].add(layer.mem_time_s('fw'), p, c)
-          acc['re_time'].add(layer.processing_time_s('fw'), p, c)
+          share = layer.recompute_share
+          whole = np.ndim(share) == 0 and share == 1.0
+          part = (lambda v: v) if whole else (lambda v: v * share)
+          acc['re_flops'].add(part(fw_flops), p, c)
+          acc['re_flops_time'].add(part(layer.flops_time_s('fw')), p, c)
+          acc['re_mem_bytes'].add(part(layer.mem_bytes('fw')), p, c)
+          acc['re_mem_time'].add(part(layer.mem_time_s('fw')), p, c)
+          acc['re_time'].add(part(layer.processing_time_s('fw')), p, c)
           # Calculon's DP-overlap window adds the block's running forward
           # totals here instead (its issue #5); kept only for that window.
           acc['dp_window_re_flops_time'].add(acc['fw_flops_time'].value, p, c)

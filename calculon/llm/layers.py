@@ -134,6 +134,9 @@ class Layer:
     weights, weight_grads, optim: parameters, their gradients and the
       optimizer moments (elements).
     recompute: recomputed in the backward pass (bool array).
+    recompute_share: the share of the layer's forward work that the
+      recomputation redoes where ``recompute`` holds (1, or an array;
+      e.g. 0.5 for the up half of a fused gate/up GEMM).
     recomm: its TP communication is redone in the backward pass.
     activation_reused: its input activation is counted by another layer.
     activation_stored / output_stored: kept until the backward pass.
@@ -156,7 +159,8 @@ class Layer:
                activation_grads=0.0, weights=0.0, weight_grads=0.0, optim=0.0,
                recompute=False, recomm=False, activation_reused=False,
                activation_stored=True, output_stored=True, present=True,
-               quantized_inputs=0.0, quantized_grads=0.0):
+               quantized_inputs=0.0, quantized_grads=0.0,
+               recompute_share=1.0):
     self.name = name
     self.ctx = ctx
     self.fw_flops = fw_flops
@@ -170,6 +174,7 @@ class Layer:
     self.weight_grads = weight_grads
     self.optim = optim
     self.recompute = flag(recompute)
+    self.recompute_share = recompute_share
     self.recomm = flag(recomm)
     self.activation_reused = flag(activation_reused)
     self.activation_stored = flag(activation_stored)
