@@ -166,6 +166,14 @@ def test_search_fsdp_buffer_copies_flag(tmp_path):
   assert line and float(line[0].split()[3]) > 0
 
 
+def test_search_recompute_modules_choices():
+  """The search's --recompute-modules choices are the execution schema's
+  modules (written out in the CLI to keep numpy out of its start-up)."""
+  from calculon.cli.search import _RECOMPUTE_MODULES
+  from calculon.config.execution import RECOMPUTE_MODULES
+  assert _RECOMPUTE_MODULES == RECOMPUTE_MODULES
+
+
 def test_search_recompute_modules_flag(tmp_path):
   """--recompute-modules through a real subprocess: a module named twice is
   one line naming the field and what is allowed, exit 2, no output; a good

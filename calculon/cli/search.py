@@ -11,6 +11,11 @@ from calculon import outputs
 from calculon.cli.main import (
   EXIT_INFEASIBLE, EXIT_INTERRUPTED, EXIT_OK, positive_int)
 
+#: calculon.config.execution.RECOMPUTE_MODULES, written out so the help
+#: needs no numpy at start-up (tests/test_cli.py checks they agree).
+_RECOMPUTE_MODULES = ('core_attn', 'layernorm', 'mla_up_proj', 'mlp', 'moe',
+                      'moe_act', 'shared_experts', 'alternate_linears')
+
 #: Outputs of each search command.
 OPTIMAL_KINDS = outputs.JSON_KINDS + outputs.CSV_KINDS
 ALL_KINDS = outputs.CSV_KINDS + outputs.PARQUET_KINDS
@@ -92,13 +97,12 @@ def _common(p, formats):
                  "the default: from earlier steps' amax; 'current': an amax "
                  "pass before each cast; 'block': MXFP8/NVFP4 block scales)")
   p.add_argument('--recompute-modules', nargs='+', default=None,
-                 choices=('core_attn', 'layernorm', 'mla_up_proj', 'mlp',
-                          'moe', 'moe_act', 'shared_experts'),
-                 metavar='MODULE',
+                 choices=_RECOMPUTE_MODULES, metavar='MODULE',
                  help='modern space: what selective recomputation '
                  "recomputes, as Megatron-Core's --recompute-modules (among "
-                 'core_attn, layernorm, mla_up_proj, mlp, moe, moe_act, '
-                 'shared_experts; default: core_attn)')
+                 + ', '.join(_RECOMPUTE_MODULES) + '; alternate_linears: '
+                 "PyTorch per-op selective checkpointing as torchtitan's "
+                 "'op' policy; default: core_attn)")
   p.add_argument('--fsdp-buffer-copies', action='store_true',
                  help='modern space: FSDP candidates copy the gathered '
                  'weights and the gradients on the compute stream, as '
