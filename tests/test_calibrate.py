@@ -152,6 +152,82 @@ def test_held_out_runs_never_inform_their_prediction(synthetic, tmp_path):
       assert t == a.loc[c.id, 'after_s']
 
 
+A100 = load_json(repo('systems', 'a100_sxm_80g.json'))
+
+
+def two_cluster_rows(tmp_path, scale_a100=None):
+  """The synthetic H100 runs plus the same layouts on A100s, each
+  'measured' by the model on its file with TRUTH (``scale_a100``: other
+  parameters for the A100 runs)."""
+  rows = synthetic_rows()
+  a100 = copy.deepcopy(rows)
+  for row in a100:
+    row['gpu_type'] = 'A100-SXM-80GB'
+  path = write_csv(tmp_path / 'two.csv', rows + a100)
+  suite = P.Suite(ROOT, [path])
+  for row, case in zip(rows + a100, suite.cases):
+    cfg = H100 if row['gpu_type'].startswith('H100') else A100
+    truth = TRUTH if cfg is H100 else (scale_a100 or TRUTH)
+    assert case.system_name == ('h100_sxm_80g' if cfg is H100
+                                else 'a100_sxm_80g')
+    t, _ = C.exact_prediction(case, cfg, truth)
+    row['measured_value'] = repr(t)
+  return rows + a100
+
+
+def test_population_prior_is_the_other_clusters_fit(tmp_path):
+  """Partial pooling: a cluster's prior centres are the pooled fit of the
+  other clusters' runs (population_centre), its own runs then fit from
+  there; a cluster alone keeps its file's values as the prior."""
+  rows = two_cluster_rows(tmp_path, {'matrix': 0.8, 'net0': 0.8,
+                                     'net1': 0.7, 'per_microbatch_s': 0.004})
+  prepared = C.prepare(P.Suite(ROOT, [write_csv(tmp_path / 'r.csv', rows)]))
+  a100 = [r for r in prepared.runs if r.system == 'a100_sxm_80g']
+  assert len(a100) == len(LAYOUTS)
+  centre = C.population_centre(a100)
+  # The automatic choice on the A100 runs, fitted there: the centres.
+  prior = C.prior_of(a100[0].cfg)
+  names = [k for k in C.auto_parameters(a100, prior)[0] if C.is_scale(k)]
+  assert names and sorted(centre) == sorted(names)
+  direct = C.fit(a100, C.auto_parameters(a100, prior)[0], prior).theta
+  for k in names:
+    assert centre[k] == pytest.approx(direct[k], rel=1e-9)
+    assert centre[k] != 1.0
+  theta, how = C._fold_theta(prepared.runs, 'h100_sxm_80g', ['net1'],
+                             C.PRIOR_SIGMA)
+  assert how == f'own ({len(LAYOUTS)} runs, pooled prior)'
+  # Scales the H100 runs do not fit stay at the A100 centres.
+  for k in names:
+    if k != 'net1':
+      assert theta[k] == pytest.approx(centre[k], rel=1e-12)
+  alone, how = C._fold_theta(prepared.runs, 'h100_sxm_80g', ['net1'],
+                             C.PRIOR_SIGMA, population=False)
+  assert how == f'own ({len(LAYOUTS)} runs)'
+  assert all(alone[k] == 1.0 for k in names if k != 'net1')
+
+
+def test_held_out_source_leaves_the_population_too(tmp_path):
+  """Leave one source out with two clusters: the held-out source's runs
+  on the *other* cluster leave the population prior as well, so its
+  predictions do not move when all of its measurements change."""
+  rows = two_cluster_rows(tmp_path)
+  for row in rows:
+    row['source_group'] = row['source'].split()[1]      # A, B, C
+  changed = copy.deepcopy(rows)
+  for row in changed:
+    if row['source_group'] == 'A':
+      row['measured_value'] = repr(3 * float(row['measured_value']))
+  frames = []
+  for name, data in (('rows.csv', rows), ('changed.csv', changed)):
+    prepared = C.prepare(P.Suite(ROOT, [write_csv(tmp_path / name, data)]))
+    frames.append(C.cross_validate(prepared, 'source',
+                                   names=['net1']).set_index('id'))
+  a, b = (f[f['source'] == 'A'] for f in frames)
+  assert len(a) == 8 and set(a['how']) == {'own (8 runs, pooled prior)'}
+  np.testing.assert_array_equal(a['after_s'].to_numpy(),
+                                b['after_s'].to_numpy())
+
+
 def test_undetermined_parameters_are_refused_and_correlations_warned(
     synthetic):
   suite = P.Suite(ROOT, [synthetic])

@@ -2,6 +2,7 @@
 
     calculon calibrate RUNS.csv [RUNS.csv ...] SYSTEM.json -o CALIBRATED.json
         [--params matrix,net1,...] [--cv source|run|both|none]
+        [--population-prior others|none]
 
 Maps every row of the runs file(s) onto the model (the conventions of
 ``validation/conventions.yaml``, as ``llm-validation --suite published``
@@ -51,6 +52,14 @@ def add_parsers(sp):
                  '(default 1.0, and 0.25 for the network tiers, whose file '
                  'values are measured; a value given holds for every '
                  'scale)')
+  p.add_argument('--population-prior', choices=('others', 'none'),
+                 default='others',
+                 help="where the scales' prior is centred: 'others' (the "
+                 'default), on the pooled fit of the runs of the other '
+                 'clusters in the runs file(s) -- partial pooling: a '
+                 'cluster with few runs starts from what the others '
+                 "measured; the file's values when there are none -- or "
+                 "'none', on the file's values")
   p.add_argument('--refine', type=int, default=2,
                  help='re-linearizations at the fit (default 2)')
   p.add_argument('--conventions', default=None,
@@ -117,16 +126,29 @@ def run(args, log):
                        args.params] +
     (['--cluster', args.cluster] if args.cluster else []) +
     (['--all-rows'] if args.all_rows else []) +
-    (['--prior-sigma', str(args.prior_sigma)] if args.prior_sigma else []))
+    (['--prior-sigma', str(args.prior_sigma)] if args.prior_sigma else []) +
+    (['--population-prior', 'none'] if args.population_prior == 'none'
+     else []))
+  population = []
+  if args.population_prior == 'others' and not args.all_rows:
+    ids = {c.id for c in cases}
+    population = [r for r in C.prepare(suite).runs
+                  if r.id not in ids and r.system != cluster]
   result = C.calibrate_system(
     suite, cfg, cases, names,
     sigma=args.prior_sigma or C.PRIOR_SIGMA, refine=max(args.refine, 0),
     cv=cv, cluster=cluster, progress=say,
-    note=f'Produced by: {command}')
+    note=f'Produced by: {command}', population=population)
   fit = result.fit
   prior = C.prior_of(cfg)
+  centre = {k: v for k, v in result.prior.items() if v != prior.get(k)}
   log.info('')
-  log.info(C.format_fit(fit, prior, result.dropped))
+  if centre:
+    log.info(f'Prior centres from {len(population)} run(s) of other '
+             'clusters (their pooled fit): ' + ', '.join(
+               f'{k} {v:.4g}' for k, v in centre.items()))
+  log.info(C.format_fit(fit, prior, result.dropped,
+                        centre=result.prior if centre else None))
   pred = result.predictions
   b, a = error_stats(pred['delta_before_pct']), error_stats(
     pred['delta_after_pct'])

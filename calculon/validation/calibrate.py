@@ -901,18 +901,67 @@ def prepare(suite, progress=None, systems=None):
   return Prepared(runs, before)
 
 
-def _fold_theta(train, system, names, sigma, min_runs=2):
+def population_centre(others, sigma=PRIOR_SIGMA):
+  """Prior centres of a cluster's scales from the runs of *other* clusters
+  (empirical-Bayes partial pooling: each cluster's file-to-measured
+  scales are taken as draws from one population, whose centre the other
+  clusters' pooled fit estimates; A. Gelman et al., "Bayesian Data
+  Analysis", 3rd ed., 2013, chapter 5, hierarchical models).  The
+  datasheet files share their optimism (section 4 of docs/accuracy.md: a
+  held-out source inherits it), so a cluster with few runs starts from
+  what the others measured instead of from its file.
+
+  Args:
+    others: :class:`Run` list of other clusters (every scale is relative
+      to its own file).
+
+  Returns:
+    dict scale name -> centre (the pooled fit's value; overheads are
+    cluster-specific and keep their file values); {} when the runs
+    determine nothing.
+  """
+  if len(others) < 2:
+    return {}
+  prior = prior_of(others[0].cfg)
+  prior.update({k: 1.0 for r in others for k in r.names})
+  chosen = available(others, auto_parameters(others, prior)[0])
+  if not any(is_scale(k) for k in chosen):
+    return {}
+  # Overheads are fitted too (else a scale absorbs them), not returned.
+  theta = fit(others, chosen, prior, sigma).theta
+  return {k: theta[k] for k in chosen if is_scale(k)}
+
+
+def _fold_theta(train, system, names, sigma, min_runs=2, population=True,
+                cache=None):
   """Parameters for ``system`` from training runs: a fit on its own runs
-  (prior: its file), or -- when it has too few for any parameter -- on
-  every training run of every system (pooled; the fitted scales are
-  relative to each file).  Returns (theta, how)."""
+  (prior: its file's values, or with ``population`` the centres that the
+  training runs of the other clusters give, :func:`population_centre`), or
+  -- when it has too few for any parameter -- on every training run of
+  every system (pooled; the fitted scales are relative to each file).
+  ``cache``: dict reused across calls (the centre of one set of other
+  runs is fitted once).  Returns (theta, how)."""
   own = [r for r in train if r.system == system]
   if len(own) >= min_runs:
     prior = prior_of(own[0].cfg)
+    centre = {}
+    if population:
+      others = [r for r in train if r.system != system]
+      key = tuple(sorted(r.id for r in others))
+      if cache is None or key not in cache:
+        found = population_centre(others, sigma)
+        if cache is not None:
+          cache[key] = found
+      centre = found if cache is None else cache[key]
+      prior.update({k: v for k, v in centre.items() if k in prior})
     chosen = names if names is not None else auto_parameters(own, prior)[0]
     chosen = available(own, chosen)
+    pooled = ', pooled prior' if centre else ''
     if chosen:
-      return fit(own, chosen, prior, sigma).theta, f'own ({len(own)} runs)'
+      return (fit(own, chosen, prior, sigma).theta,
+              f'own ({len(own)} runs{pooled})')
+    if centre:
+      return prior, f'pooled prior ({len(own)} own runs fit nothing)'
   if not train:
     return None, 'uncalibrated (no training runs)'
   prior = prior_of(train[0].cfg)
@@ -925,13 +974,17 @@ def _fold_theta(train, system, names, sigma, min_runs=2):
 
 
 def cross_validate(prepared, mode='source', names=None, sigma=PRIOR_SIGMA,
-                   systems=None, progress=None):
+                   systems=None, progress=None, population=True, extra=()):
   """Held-out predictions: ``mode`` 'source' (leave one source group out:
   fit on every other group, predict the held-out one) or 'run' (leave one
   run out).  Each held-out run's system is calibrated on the training runs
   of that system (or pooled over all training runs when it has too few,
   see :func:`_fold_theta`), and the run is priced exactly by the engine
   with those parameters.  ``systems``: restrict to runs of these systems.
+  ``population``: the prior centres from the other clusters' training runs
+  (:func:`population_centre`); ``extra``: runs of other clusters that
+  train but are never held out (a single cluster's calibration passes the
+  rest of the runs files here); a held-out source's runs leave them too.
 
   Returns a DataFrame: id, source, system, measured_s, before_s, after_s,
   delta_before_pct, delta_after_pct, how (the calibration used).
@@ -939,7 +992,8 @@ def cross_validate(prepared, mode='source', names=None, sigma=PRIOR_SIGMA,
   import pandas as pd
   progress = progress or (lambda text_: None)
   runs = [r for r in prepared.runs if systems is None or r.system in systems]
-  all_runs = prepared.runs
+  all_runs = list(prepared.runs) + list(extra)
+  centres = {}
   if mode == 'source':
     folds = [(g, [r for r in runs if r.group == g])
              for g in dict.fromkeys(r.group for r in runs)]
@@ -957,7 +1011,8 @@ def cross_validate(prepared, mode='source', names=None, sigma=PRIOR_SIGMA,
     cache = {}
     for r in held:
       if r.system not in cache:
-        cache[r.system] = _fold_theta(train, r.system, names, sigma)
+        cache[r.system] = _fold_theta(train, r.system, names, sigma,
+                                      population=population, cache=centres)
       theta, how = cache[r.system]
       if theta is None:
         after = prepared.before[r.id]
@@ -1049,6 +1104,7 @@ class Calibration:
   predictions: object
   cv: dict
   cluster: str
+  prior: dict = None
 
 
 def select_runs(suite, system_name, cluster=None, all_rows=False):
@@ -1067,7 +1123,7 @@ def select_runs(suite, system_name, cluster=None, all_rows=False):
 
 def calibrate_system(suite, cfg, cases, names=None, sigma=PRIOR_SIGMA,
                      refine=2, cv=('source', 'run'), cluster='system',
-                     progress=None, note=None):
+                     progress=None, note=None, population=()):
   """Fits system JSON ``cfg`` to ``cases`` (mapped runs of a
   :class:`~calculon.validation.published.Suite`).
 
@@ -1077,6 +1133,12 @@ def calibrate_system(suite, cfg, cases, names=None, sigma=PRIOR_SIGMA,
     sigma: prior width of the scales (log); refine: re-linearizations.
     cv: cross-validations to run ('source', 'run').
     note: text added to the calibrated file's notes.
+    population: linearized :class:`Run` list of *other* clusters (e.g.
+      :func:`prepare` on the same runs files, this cluster's runs left
+      out): the prior centres of the scales become their pooled fit
+      (:func:`population_centre`), the calibrated file carries those
+      centres for the scales its own runs do not fit, and the
+      cross-validation trains on them too (never holding them out).
 
   Returns:
     :class:`Calibration`.
@@ -1117,7 +1179,11 @@ def calibrate_system(suite, cfg, cases, names=None, sigma=PRIOR_SIGMA,
   if not runs:
     raise ConfigError('no measured run can be priced on this system',
                       field='runs')
-  prior = prior_of(base)
+  file_prior = prior_of(base)
+  prior = dict(file_prior)
+  population = [r for r in population if r.system != cluster]
+  centre = population_centre(population, sigma)
+  prior.update({k: v for k, v in centre.items() if k in prior})
   dropped = []
   if names is None:
     names, dropped = auto_parameters(runs, prior)
@@ -1137,7 +1203,7 @@ def calibrate_system(suite, cfg, cases, names=None, sigma=PRIOR_SIGMA,
   rows = []
   step, mb = file_overheads(base)
   for r in runs:
-    before, _ = exact_prediction(r.case, r.cfg, prior)
+    before, _ = exact_prediction(r.case, r.cfg, file_prior)
     after, _ = exact_prediction(r.case, r.cfg, result.theta)
     rows.append({'id': r.id, 'source': r.group, 'measured_s': r.measured_s,
                  'before_s': before, 'after_s': after})
@@ -1156,16 +1222,23 @@ def calibrate_system(suite, cfg, cases, names=None, sigma=PRIOR_SIGMA,
       progress('  one source: no leave-one-source-out cross-validation')
       continue
     frames[mode] = cross_validate(prepared, mode, names=None, sigma=sigma,
-                                  progress=progress)
+                                  progress=progress, extra=population)
   text = note_text(result, len(runs), note)
+  if centre:
+    text.append(f'Prior centres from {len(population)} run(s) of other '
+                'clusters (their pooled fit; kept where these runs fit '
+                'nothing): ' + '; '.join(f'{k} = {_fmt(v, k)}' for k, v in
+                                         centre.items()) + '.')
   if common:
     text.append('Field changes of the hardware table shared by every run '
                 'written in: ' + '; '.join(f'{k} = {v}' for k, v in
                                            common.items()) + '.')
-  calibrated = apply(base, {k: result.theta[k] for k in names}, note=text)
+  written = {k: result.theta[k] for k in list(names) + list(centre)
+             if k in file_prior}
+  calibrated = apply(base, written, note=text)
   return Calibration(ids=[r.id for r in runs], fit=result, dropped=dropped,
                      calibrated=calibrated, predictions=predictions,
-                     cv=frames, cluster=cluster)
+                     cv=frames, cluster=cluster, prior=prior)
 
 
 def note_text(result, runs, extra=None):
@@ -1186,13 +1259,16 @@ def _fmt(value, name):
   return f'{value:.4g}' if is_scale(name) else f'{value:.4g} s'
 
 
-def format_fit(result, prior, dropped=()):
-  """Text table of a fit: parameter, prior, fitted value, standard error,
+def format_fit(result, prior, dropped=(), centre=None):
+  """Text table of a fit: parameter, file value, (with ``centre``, the
+  prior centre the other clusters gave), fitted value, standard error,
   meaning; then the warnings and the parameters left out."""
-  lines = [f"{'parameter':<18} {'file':>10} {'fitted':>10} {'std err':>10}  "
-           'meaning']
+  mid = f" {'prior':>10}" if centre else ''
+  lines = [f"{'parameter':<18} {'file':>10}{mid} {'fitted':>10} "
+           f"{'std err':>10}  meaning"]
   for k in result.names:
-    lines.append(f'{k:<18} {_fmt(prior[k], k):>10} '
+    c = f' {_fmt(centre.get(k, prior[k]), k):>10}' if centre else ''
+    lines.append(f'{k:<18} {_fmt(prior[k], k):>10}{c} '
                  f'{_fmt(result.theta[k], k):>10} '
                  f'{_fmt(result.stderr.get(k), k):>10}  '
                  f"{PARAMETERS.get(k, 'scale of network tier ' + k[3:])}")
