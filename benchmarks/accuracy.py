@@ -7,8 +7,9 @@ calibration, cross-validated (the numbers of docs/accuracy.md).
    row priced, the fastest feasible execution of the unknown settings.
 2. Leave one source out: for every source group, each of its runs is
    predicted with its cluster calibrated on the other groups' runs of that
-   cluster (or, when the cluster has too few, with the scales fitted on
-   every other group's runs of every cluster).
+   cluster, from the prior centres the other groups' runs of the other
+   clusters give (or, when the cluster has too few, with the scales
+   fitted on every other group's runs of every cluster).
 3. Leave one run out: the same with one run held out at a time.
 
 Prints the tables (markdown) and the time taken; ``--out DIR`` writes the
