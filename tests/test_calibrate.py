@@ -115,12 +115,11 @@ def test_calibrate_recovers_known_parameters(synthetic):
     float(ev.num_microbatches[0]), rel=1e-12)
 
 
-def test_held_out_runs_never_inform_their_prediction(synthetic, tmp_path):
-  """Leave one source out: the held-out source's predictions are the same
-  whatever its measurements say, and equal a calibration on the file
-  without its rows."""
-  with open(synthetic, newline='') as fd:
-    rows = list(csv.DictReader(fd))
+def held_out_a(rows, tmp_path, names):
+  """Leave-one-source-out predictions of source group A (sources A, B, C
+  from the rows' source names), from ``rows`` as they are and with A's
+  measurements tripled: (as is, changed) DataFrames indexed by id.
+  ``rows`` gains its source_group column."""
   for row in rows:
     row['source_group'] = row['source'].split()[1]      # A, B, C
   changed = copy.deepcopy(rows)
@@ -129,11 +128,19 @@ def test_held_out_runs_never_inform_their_prediction(synthetic, tmp_path):
       row['measured_value'] = repr(3 * float(row['measured_value']))
   frames = []
   for name, data in (('rows.csv', rows), ('changed.csv', changed)):
-    path = write_csv(tmp_path / name, data)
-    prepared = C.prepare(P.Suite(ROOT, [path]))
+    prepared = C.prepare(P.Suite(ROOT, [write_csv(tmp_path / name, data)]))
     frames.append(C.cross_validate(prepared, 'source',
-                                   names=['matrix', 'net1']).set_index('id'))
-  a, b = (f[f['source'] == 'A'] for f in frames)
+                                   names=names).set_index('id'))
+  return tuple(f[f['source'] == 'A'] for f in frames)
+
+
+def test_held_out_runs_never_inform_their_prediction(synthetic, tmp_path):
+  """Leave one source out: the held-out source's predictions are the same
+  whatever its measurements say, and equal a calibration on the file
+  without its rows."""
+  with open(synthetic, newline='') as fd:
+    rows = list(csv.DictReader(fd))
+  a, b = held_out_a(rows, tmp_path, ['matrix', 'net1'])
   assert len(a) == 4
   np.testing.assert_array_equal(a['after_s'].to_numpy(),
                                 b['after_s'].to_numpy())
@@ -210,19 +217,7 @@ def test_held_out_source_leaves_the_population_too(tmp_path):
   """Leave one source out with two clusters: the held-out source's runs
   on the *other* cluster leave the population prior as well, so its
   predictions do not move when all of its measurements change."""
-  rows = two_cluster_rows(tmp_path)
-  for row in rows:
-    row['source_group'] = row['source'].split()[1]      # A, B, C
-  changed = copy.deepcopy(rows)
-  for row in changed:
-    if row['source_group'] == 'A':
-      row['measured_value'] = repr(3 * float(row['measured_value']))
-  frames = []
-  for name, data in (('rows.csv', rows), ('changed.csv', changed)):
-    prepared = C.prepare(P.Suite(ROOT, [write_csv(tmp_path / name, data)]))
-    frames.append(C.cross_validate(prepared, 'source',
-                                   names=['net1']).set_index('id'))
-  a, b = (f[f['source'] == 'A'] for f in frames)
+  a, b = held_out_a(two_cluster_rows(tmp_path), tmp_path, ['net1'])
   assert len(a) == 8 and set(a['how']) == {'own (8 runs, pooled prior)'}
   np.testing.assert_array_equal(a['after_s'].to_numpy(),
                                 b['after_s'].to_numpy())
