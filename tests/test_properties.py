@@ -9,6 +9,7 @@
 """
 
 import copy
+import functools
 
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 import numpy as np
@@ -28,21 +29,29 @@ RELAXED = settings(max_examples=150, deadline=None,
                                           HealthCheck.too_slow])
 
 
+@functools.lru_cache(maxsize=None)
+def _space(model, system, mode, procs, batch):
+  """(application, system config, search spec, non-empty groups) of one
+  draw's names (built once: the groups cost more than the runs)."""
+  sys_cfg = load_json(repo('systems', system + '.json'))
+  sys_cfg['processing_mode'] = mode
+  app = Application.from_dict(load_json(repo('models', model + '.json')))
+  spec = S.SearchSpec(app, System(sys_cfg), procs, batch, 'float16',
+                      [True, False])
+  return app, sys_cfg, spec, [g for g in S.groups(spec) if g.size]
+
+
 @st.composite
 def executions(draw):
   """(application, system config, execution dict) with a feasible
   execution drawn from Calculon's search space."""
   model = draw(st.sampled_from(MODELS))
-  sys_cfg = load_json(repo('systems', draw(st.sampled_from(SYSTEMS)) +
-                           '.json'))
-  sys_cfg['processing_mode'] = draw(st.sampled_from(['no_overlap',
-                                                     'roofline']))
-  app = Application.from_dict(load_json(repo('models', model + '.json')))
+  system = draw(st.sampled_from(SYSTEMS))
+  mode = draw(st.sampled_from(['no_overlap', 'roofline']))
   procs = draw(st.sampled_from([8, 16, 64, 256]))
   batch = draw(st.sampled_from([64, 256, 1024]))
-  spec = S.SearchSpec(app, System(sys_cfg), procs, batch, 'float16',
-                      [True, False])
-  groups = [g for g in S.groups(spec) if g.size]
+  app, sys_cfg, spec, groups = _space(model, system, mode, procs, batch)
+  sys_cfg = copy.deepcopy(sys_cfg)
   group = groups[draw(st.integers(0, len(groups) - 1))]
   flat = draw(st.integers(0, group.size - 1))
   exe = S.execution_record(spec, group, flat)

@@ -34,6 +34,24 @@ NUM_PROCS, MAX_BATCH = 4, 8
 FUSED = [False, True]
 
 
+#: Sample rate (or None: infeasible) of each execution priced by the
+#: single-run API; the -m run prices a subset of the full run's executions.
+_RATES = {}
+
+
+def _single_run_rate(system, app, exe):
+  key = tuple(sorted(exe.items()))
+  if key not in _RATES:
+    try:
+      model = Llm(app)
+      model.compile(system, Llm.Execution.from_json(exe))
+      model.run(system)
+      _RATES[key] = model.get_stats_json()['sample_rate']
+    except Llm.Error:
+      _RATES[key] = None
+  return _RATES[key]
+
+
 def brute_force(mbs_break):
   """Calculon's search loop: (rate, order, execution) of feasible ones, and
   the number of executions evaluated."""
@@ -91,15 +109,9 @@ def brute_force(mbs_break):
                                       optimizer_offload=oo, training=True)
                                     evaluated += 1
                                     order += 1
-                                    try:
-                                      model = Llm(app)
-                                      model.compile(
-                                        system, Llm.Execution.from_json(exe))
-                                      model.run(system)
-                                    except Llm.Error:
+                                    rate = _single_run_rate(system, app, exe)
+                                    if rate is None:
                                       continue
-                                    rate = model.get_stats_json()[
-                                      'sample_rate']
                                     found.append((rate, order, exe))
                               if mbs_break and len(found) == good_before:
                                 break

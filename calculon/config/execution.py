@@ -577,8 +577,9 @@ class ExecutionColumns:
     """The execution at ``index`` as a JSON-ready dict (Calculon format; the
     optional fields only where they differ from their default)."""
     out = {}
+    shape = self.shape
     for name, (spec, names) in FIELD_SPECS.items():
-      arr = np.broadcast_to(getattr(self, name), self.shape)
+      arr = np.broadcast_to(getattr(self, name), shape)
       value = arr[index]
       if names is not None:
         if int(value) == UNSET:
@@ -589,7 +590,7 @@ class ExecutionColumns:
       else:
         out[name] = int(value)
     for name, (spec, names, default) in OPTIONAL_SPECS.items():
-      value = np.broadcast_to(getattr(self, name), self.shape)[index]
+      value = np.broadcast_to(getattr(self, name), shape)[index]
       value = float(value) if spec.kind == 'number' else \
         bool(value) if spec.kind == 'bool' else int(value)
       if names is not None:
