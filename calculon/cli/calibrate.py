@@ -141,14 +141,13 @@ def run(args, log):
     note=f'Produced by: {command}', population=population)
   fit = result.fit
   prior = C.prior_of(cfg)
-  centre = {k: v for k, v in result.prior.items() if v != prior.get(k)}
   log.info('')
-  if centre:
+  if result.centre:
     log.info(f'Prior centres from {len(population)} run(s) of other '
              'clusters (their pooled fit): ' + ', '.join(
-               f'{k} {v:.4g}' for k, v in centre.items()))
+               f'{k} {v:.4g}' for k, v in result.centre.items()))
   log.info(C.format_fit(fit, prior, result.dropped,
-                        centre=result.prior if centre else None))
+                        centre=result.centre or None))
   pred = result.predictions
   b, a = error_stats(pred['delta_before_pct']), error_stats(
     pred['delta_after_pct'])

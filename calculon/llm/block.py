@@ -36,7 +36,7 @@ def _share(whole, part, fraction):
   """``recompute_share`` of a layer recomputed whole where ``whole`` holds
   and ``fraction`` of it where only ``part`` does (flags or arrays); the
   Python float 1.0 when ``part`` never applies alone."""
-  only = _and(part, negate(whole)) if part is not False else False
+  only = _and(part, negate(whole))
   if only is False or (np.ndim(only) == 0 and not only):
     return 1.0
   return np.where(only, fraction, 1.0)

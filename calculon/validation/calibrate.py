@@ -946,13 +946,12 @@ def _fold_theta(train, system, names, sigma, min_runs=2, population=True,
     prior = prior_of(own[0].cfg)
     centre = {}
     if population:
+      cache = {} if cache is None else cache
       others = [r for r in train if r.system != system]
       key = tuple(sorted(r.id for r in others))
-      if cache is None or key not in cache:
-        found = population_centre(others, sigma)
-        if cache is not None:
-          cache[key] = found
-      centre = found if cache is None else cache[key]
+      if key not in cache:
+        cache[key] = population_centre(others, sigma)
+      centre = cache[key]
       prior.update({k: v for k, v in centre.items() if k in prior})
     chosen = names if names is not None else auto_parameters(own, prior)[0]
     chosen = available(own, chosen)
@@ -1096,7 +1095,9 @@ class Calibration:
   """Outcome of :func:`calibrate_system`: the selected runs (their ids),
   the parameters fitted (:class:`Fit`), the notes on parameters left out,
   the calibrated system JSON, the exact predictions before and after
-  (DataFrame), and the cross-validation frames (name -> DataFrame)."""
+  (DataFrame), the cross-validation frames (name -> DataFrame), and the
+  prior centres the other clusters gave (name -> value; empty without
+  them)."""
   ids: list
   fit: Fit
   dropped: list
@@ -1104,7 +1105,7 @@ class Calibration:
   predictions: object
   cv: dict
   cluster: str
-  prior: dict = None
+  centre: dict = None
 
 
 def select_runs(suite, system_name, cluster=None, all_rows=False):
@@ -1182,8 +1183,9 @@ def calibrate_system(suite, cfg, cases, names=None, sigma=PRIOR_SIGMA,
   file_prior = prior_of(base)
   prior = dict(file_prior)
   population = [r for r in population if r.system != cluster]
-  centre = population_centre(population, sigma)
-  prior.update({k: v for k, v in centre.items() if k in prior})
+  centre = {k: v for k, v in population_centre(population, sigma).items()
+            if k in prior}
+  prior.update(centre)
   dropped = []
   if names is None:
     names, dropped = auto_parameters(runs, prior)
@@ -1233,12 +1235,11 @@ def calibrate_system(suite, cfg, cases, names=None, sigma=PRIOR_SIGMA,
     text.append('Field changes of the hardware table shared by every run '
                 'written in: ' + '; '.join(f'{k} = {v}' for k, v in
                                            common.items()) + '.')
-  written = {k: result.theta[k] for k in list(names) + list(centre)
-             if k in file_prior}
+  written = {k: result.theta[k] for k in list(names) + list(centre)}
   calibrated = apply(base, written, note=text)
   return Calibration(ids=[r.id for r in runs], fit=result, dropped=dropped,
                      calibrated=calibrated, predictions=predictions,
-                     cv=frames, cluster=cluster, prior=prior)
+                     cv=frames, cluster=cluster, centre=centre)
 
 
 def note_text(result, runs, extra=None):
