@@ -931,3 +931,59 @@ def test_bad_rails_is_a_one_line_error():
   cfg['networks'][1]['rails'] = 0
   with pytest.raises(ConfigError, match=r"networks\[1\]\.rails' = 0 .*>= 1"):
     System(cfg, 'h100.json')
+
+
+def test_tp_async_backward_hides_input_gradient_communication():
+  """Megatron-LM's column-parallel linear (LinearWithGradAccumulationAnd-
+  AsyncCommunication.backward, on unless --no-async-tensor-model-parallel-
+  allreduce) issues the all-reduce of its input gradient and then computes
+  its weight gradient: f's backward all-reduce shows only past the
+  weight-gradient GEMMs of the layers it feeds (Q, K, V; the MLP's first
+  GEMM), which it slows by the tier's processor share.  With sequence
+  parallelism the redone all-gather of the input hides behind the
+  input-gradient GEMMs the same way.  The forward pass and the traffic on
+  the link are unchanged; absent (false), the model is Calculon's."""
+  from calculon.llm.layers import hidden_behind
+  common = dict(tensor_par=8, tensor_par_net=0, batch_size=1)
+  calc = evaluation(llama(), **common)
+  meg = evaluation(llama(), tensor_par_async_backward=True, **common)
+  usage = A100.networks.usage(0)
+  layers = {layer.name: layer for layer in meg.block._layers}
+  # Hand count of one weight-gradient GEMM: 2 m n k FLOP, m = 8192 tokens.
+  assert value(layers['MlpBlock_Mlp1'].flops('wgrad')) == \
+    2 * 8192 * 4096 * (2 * 14336 // 8)
+  exposed = 0.0
+  for f, gemms in (('AttnBlock_F', ('AttnBlock_Query', 'AttnBlock_Key',
+                                    'AttnBlock_Value')),
+                   ('MlpBlock_F', ('MlpBlock_Mlp1',))):
+    comm = value(layers[f].net_time_s('agrad', False))
+    window = sum(value(layers[g].processing_time_s('wgrad')) for g in gemms)
+    assert comm > 0 and window > 0
+    exposed += value(hidden_behind(comm, window, usage))
+  calc_exposed = value(calc.block.base_agrad_tp_exposed)
+  assert value(meg.block.base_agrad_tp_exposed) == pytest.approx(
+    calc_exposed - sum(value(layers[f].net_time_s('agrad', False))
+                       for f in ('AttnBlock_F', 'MlpBlock_F')) + exposed,
+    rel=1e-12)
+  assert value(meg.block.fw_time) == value(calc.block.fw_time)
+  assert value(meg.block.base_agrad_tp_time) == value(
+    calc.block.base_agrad_tp_time)
+  assert value(meg.total_time_s) < value(calc.total_time_s)
+  # Sequence parallelism: the redone all-gather hides behind the input
+  # gradients; a recomputed forward pass's all-gather does not.
+  sp = dict(common, tensor_par_comm_type='rs_ag', seq_par_ag_redo=True)
+  calc_sp = evaluation(llama(), **sp)
+  meg_sp = evaluation(llama(), tensor_par_async_backward=True, **sp)
+  assert value(meg_sp.block.base_recomm_time) == value(
+    calc_sp.block.base_recomm_time) > 0
+  assert value(meg_sp.block.base_recomm_exposed) < value(
+    calc_sp.block.base_recomm_exposed)
+  full = dict(common, tensor_par_comm_type='rs_ag',
+              activation_recompute='full')
+  assert value(evaluation(llama(), tensor_par_async_backward=True, **full)
+               .block.base_recomm_exposed) == value(
+    evaluation(llama(), **full).block.base_recomm_exposed)
+  # Without TP there is nothing to hide.
+  assert value(evaluation(llama(), tensor_par_async_backward=True,
+                          batch_size=1).total_time_s) == value(
+    evaluation(llama(), batch_size=1).total_time_s)

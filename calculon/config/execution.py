@@ -188,6 +188,7 @@ OPTIONAL_SPECS = {
   'checkpoint_layout': (Spec('str', choices=CHECKPOINT_LAYOUT_NAMES),
                         CHECKPOINT_LAYOUT_NAMES, 'whole'),
   'param_gather_overlap': (_BOOL, None, False),
+  'tensor_par_async_backward': (_BOOL, None, False),
   'quantization_scaling': (Spec('str', choices=SCALING_NAMES), SCALING_NAMES,
                            'delayed'),
   'recompute_modules': (Spec('list'), RECOMPUTE_MODULE_SETS, 'core_attn'),
@@ -268,6 +269,13 @@ class Execution:
   pass, as Megatron-Core's distributed optimizer does with
   --overlap-param-gather; absent: false, Calculon's model, where it
   overlaps the backward pass with the reduce-scatter),
+  tensor_par_async_backward (with TP > 1 and tensor_par_overlap 'none':
+  the input-gradient all-reduce, or reduce-scatter with sequence
+  parallelism, of each column-parallel linear layer runs behind its
+  weight-gradient GEMM, and sequence parallelism's redone all-gather of
+  its input behind its input-gradient GEMM, as Megatron-LM's
+  LinearWithGradAccumulationAndAsyncCommunication and Transformer
+  Engine's Linear do; absent: false, Calculon's model, all exposed),
   quantization_scaling (with the Transformer Engine recipe, how the casts
   to the narrow datatype find their scales: 'delayed' from the amax
   history of earlier steps, Transformer Engine's DelayedScaling; 'current'
@@ -341,6 +349,7 @@ class Execution:
   expert_imbalance: float = 1.0
   checkpoint_layout: str = 'whole'
   param_gather_overlap: bool = False
+  tensor_par_async_backward: bool = False
   quantization_scaling: str = 'delayed'
   recompute_modules: object = 'core_attn'
   fsdp_buffer_copies: bool = False

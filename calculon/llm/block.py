@@ -14,7 +14,7 @@ from calculon.config.execution import (
   CROSS_ENTROPY_UNFUSED, RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_MODULES,
   RECOMPUTE_SELECTIVE, TP_OVERLAP_NONE)
 from calculon.llm.layers import (
-  flag, negate, where, BatchMatMul, CrossEntropy, DropOut, ElementWise,
+  and_flags as _and, flag, negate, where, BatchMatMul, CrossEntropy, DropOut, ElementWise,
   EmbeddingLookup, FlashAttention, Fork, GeLU, LayerNorm, Linear,
   LinearOverlapped, RMSNorm, RoPE, SoftMax, SwiGLU, TPComm,
   attention_tile_fraction, ExpertComm, GroupedLinear, WeightedCombine)
@@ -103,6 +103,7 @@ def _adder(ctx, layers):
     layer.part = 'shared' if name.startswith('Shared_') else (
       'experts' if name.startswith('Moe_Experts') else None)
     layers.append(layer)
+    return layer
   return add
 
 
@@ -187,16 +188,21 @@ def build_block(app, exe, ctx, moe=False):
     # Multi-head latent attention projections use plain TP (no overlap).
     plain, overlap = np.bool_(True), np.bool_(False)
     kv_sharded = np.bool_(True)
-  add(TPComm, 'AttnBlock_F', act, False, recomm=attn_recomm, present=plain)
+  # Megatron's asynchronous backward hides the redone all-gather of
+  # sequence parallelism, not the one of a recomputed forward pass.
+  attn_f = add(TPComm, 'AttnBlock_F', act, False, recomm=attn_recomm,
+               async_recomm=negate(attn_recomm & ~exe.seq_par_ag_redo),
+               present=plain)
   if app.is_mla:
     _mla_projections(app, add, shape, norm_cls, full, attn_recomm, tp,
                      norm_re, mla_re)
   add(Fork, 'AttnBlock_Multihead_Fork', act, 3, recompute=attn_recomm,
       activation_stored=~(attn_recomm | norm_re),
       present=False if app.is_mla else plain)
-  add(Linear, 'AttnBlock_Query', batch_seq, h, qkv_width // tp,
-      recompute=full, activation_stored=False, activation_reused=True,
-      present=False if app.is_mla else plain)
+  query = add(Linear, 'AttnBlock_Query', batch_seq, h, qkv_width // tp,
+              recompute=full, activation_stored=False, activation_reused=True,
+              present=False if app.is_mla else plain)
+  qkv = [query] if query is not None else []
   add(LinearOverlapped, 'AttnBlock_QKV_AG', batch_seq, h,
       qkv_width + 2 * shape.kv_total, False, recompute=full | alt,
       recompute_share=_share(full, alt, shape.kv_total /
@@ -210,11 +216,15 @@ def build_block(app, exe, ctx, moe=False):
       activation_stored=~(attn_recomm | norm_re),
       present=overlap & ~kv_sharded)
   for name in ('AttnBlock_Key', 'AttnBlock_Value'):
-    add(Linear, name, batch_seq, h, shape.kv_local,
-        recompute=full | alt if name == 'AttnBlock_Key' else full,
-        activation_stored=False, activation_reused=True,
-        quantizes_input=False,
-        present=False if app.is_mla else (plain | ~kv_sharded))
+    kv = add(Linear, name, batch_seq, h, shape.kv_local,
+             recompute=full | alt if name == 'AttnBlock_Key' else full,
+             activation_stored=False, activation_reused=True,
+             quantizes_input=False,
+             present=False if app.is_mla else (plain | ~kv_sharded))
+    if kv is not None:
+      qkv.append(kv)
+  if attn_f is not None:
+    attn_f.async_linears = tuple(qkv)
   if app.is_mla:
     rope = heads // tp * app.qk_rope_head_dim + app.qk_rope_head_dim
     add(RoPE, 'AttnBlock_RoPE', batch_seq * rope, recompute=full | mla_re)
@@ -269,15 +279,17 @@ def build_block(app, exe, ctx, moe=False):
   mlp_in = full | mlp_re
   add(norm_cls, f'MlpBlock_{norm_name}', act_in, h, recompute=full | norm_re,
       activation_stored=False, activation_reused=True)
-  add(TPComm, 'MlpBlock_F', act, False, recomm=mlp_recomm | mlp_re,
-      present=plain)
+  mlp_f = add(TPComm, 'MlpBlock_F', act, False, recomm=mlp_recomm | mlp_re,
+              async_recomm=negate(mlp_in), present=plain)
   # The alternate linears' policy recomputes the up half of a gated MLP's
   # fused gate/up GEMM (w3 of w1, w3, w2) and none of a plain MLP's first.
   up_alt = alt if app.gated else False
   up_share = _share(mlp_in, up_alt, 0.5)
-  add(Linear, 'MlpBlock_Mlp1', batch_seq, h, up // tp,
-      recompute=mlp_in | up_alt, recompute_share=up_share,
-      activation_stored=~(mlp_recomm | norm_re), present=plain)
+  mlp1 = add(Linear, 'MlpBlock_Mlp1', batch_seq, h, up // tp,
+             recompute=mlp_in | up_alt, recompute_share=up_share,
+             activation_stored=~(mlp_recomm | norm_re), present=plain)
+  if mlp_f is not None and mlp1 is not None:
+    mlp_f.async_linears = (mlp1,)
   add(LinearOverlapped, 'MlpBlock_Mlp1_AG', batch_seq, h, up, False,
       recompute=mlp_in | up_alt, recompute_share=up_share,
       recomm=mlp_recomm | mlp_re,
@@ -441,9 +453,12 @@ def _moe_mlp(app, exe, ctx, add, shape, norm_cls, norm_name, full, parallel,
     s_up = 2 * shared if app.gated else shared
     s_in = full | shared_re
     s_kept = negate(shared_re)
-    add(TPComm, 'Shared_F', act, False, recomm=s_in, present=tp > 1)
-    add(Linear, 'Shared_Mlp1', batch_seq, h, s_up // tp, recompute=s_in,
-        activation_stored=negate(norm_re))
+    shared_f = add(TPComm, 'Shared_F', act, False, recomm=s_in,
+                   async_recomm=negate(s_in), present=tp > 1)
+    shared_1 = add(Linear, 'Shared_Mlp1', batch_seq, h, s_up // tp,
+                   recompute=s_in, activation_stored=negate(norm_re))
+    if shared_f is not None:
+      shared_f.async_linears = (shared_1,)
     cls = SwiGLU if app.gated else GeLU
     add(cls, 'Shared_Act', shared * batch_seq // tp, exe.fused_activation,
         recompute=s_in, activation_stored=s_kept)
@@ -497,9 +512,11 @@ def build_head(app, exe, ctx, holds_weights=True):
   layers = []
   add = _adder(ctx, layers)
   add(norm_cls, 'Head_Norm', shape.act_in, app.hidden)
-  add(TPComm, 'Head_F', shape.act, False, present=tp > 1)
+  head_f = add(TPComm, 'Head_F', shape.act, False, present=tp > 1)
   head = Linear('Head_Logits', ctx, shape.batch_seq, app.hidden, vocab_local,
                 narrow=False)
+  if head_f is not None:
+    head_f.async_linears = (head,)
   if holds_weights is not True:
     for attr in ('weights', 'weight_grads', 'optim'):
       setattr(head, attr, where(holds_weights, getattr(head, attr), 0))
@@ -526,17 +543,6 @@ class _Sum:
     if mask is not True:
       x = np.where(mask, x, 0.0)
     self.value = self.value + x
-
-
-def _and(a, b):
-  """Logical and of two flags, keeping Python bools when possible."""
-  if a is True:
-    return b
-  if b is True:
-    return a
-  if a is False or b is False:
-    return False
-  return a & b
 
 
 class BlockTotals:

@@ -61,6 +61,31 @@ def negate(x):
   return (not x) if isinstance(x, bool) else ~x
 
 
+def and_flags(a, b):
+  """Logical and of two flags, keeping Python bools when possible."""
+  if a is True:
+    return b
+  if b is True:
+    return a
+  if a is False or b is False:
+    return False
+  return a & b
+
+
+def hidden_behind(comm, window, usage):
+  """Exposed seconds of ``comm`` seconds of communication overlapped with
+  ``window`` seconds of compute, while the processor share ``usage`` of the
+  tier carrying it drives the transfer: what exceeds the window shows, and
+  the compute it overlaps runs ``usage`` slower (Calculon, Isaev et al.
+  SC'23, section 3: the network's processor usage during overlapped data-
+  and tensor-parallel communication; DeepSeek-AI 2024, DeepSeek-V3 section
+  3.2.2: 20 of an H800's 132 SMs drive the overlapped all-to-all).
+  Arrays broadcast."""
+  over = comm - window
+  return np.where(over > 0, over, 0) + np.where(window < comm, window,
+                                                comm) * usage
+
+
 class BlockContext:
   """Execution quantities shared by all layers of a block.
 
@@ -84,6 +109,9 @@ class BlockContext:
     quantize_bytes: bytes moved per element a narrow linear layer casts
       from 16-bit to its narrow datatype (0: no casts; see
       :meth:`Layer.quantize_bytes`).
+    tp_async: the backward communication of plain TP runs behind the
+      backward GEMMs of its linear layers (bool or bool array; see
+      :class:`TPComm`).
   """
 
   def __init__(self, system, dtype, bytes_per_element, optimizer_shards, tp,
@@ -92,7 +120,7 @@ class BlockContext:
                linear_dtype=None, other_dtype=None, io_bytes=None,
                linear_act_bytes=None, linear_weight_bytes=None,
                other_weight_bytes=None, expert_optimizer_shards=None,
-               expert_grad_shards=None, quantize_bytes=0.0):
+               expert_grad_shards=None, quantize_bytes=0.0, tp_async=False):
     self.system = system
     self.dtype = dtype
     self.bytes_per_element = bytes_per_element
@@ -121,6 +149,7 @@ class BlockContext:
                                          self.optimizer_shards)
     self.expert_grad_shards = given(expert_grad_shards, self.grad_shards)
     self.quantize_bytes = quantize_bytes
+    self.tp_async = flag(tp_async)
 
 
 class Layer:
@@ -675,12 +704,31 @@ class TPComm(Layer):
   sequence parallelism all-gather forward, reduce-scatter backward.
   ``conjugate=True`` (g): the opposite.  The reduction arithmetic runs on the
   vector engine and is counted in the communication time.
+
+  Asynchronous backward (f only, where ``ctx.tp_async`` holds): the
+  all-reduce (reduce-scatter) of the input gradient runs behind the
+  weight-gradient GEMMs of ``async_linears`` (the column-parallel linear
+  layers f feeds), and with sequence parallelism the all-gather of their
+  saved input redone for the backward pass (``async_recomm``) runs behind
+  their input-gradient GEMMs; what exceeds the GEMMs shows, and the GEMMs
+  slow by the tier's processor share (:func:`hidden_behind`).  Source:
+  Megatron-LM ``LinearWithGradAccumulationAndAsyncCommunication.backward``
+  (megatron/core/tensor_parallel/layers.py; ``async_grad_allreduce``, on
+  unless --no-async-tensor-model-parallel-allreduce; with
+  ``sequence_parallel`` the all-gather is issued before the input-gradient
+  GEMM and the reduce-scatter before the weight-gradient GEMM), and
+  Transformer Engine's ``Linear`` backward, which does the same.
   """
 
-  def __init__(self, name, ctx, size, conjugate, **flags):
+  def __init__(self, name, ctx, size, conjugate, async_recomm=False,
+               **flags):
     tp = ctx.tp
     self.conjugate = conjugate
     self.size = size
+    #: Linear layers whose backward GEMMs hide the asynchronous backward
+    #: communication (set by the block builder after they are added).
+    self.async_linears = ()
+    self.async_recomm = flag(async_recomm)
     multi = tp > 1
     red = where(multi, size * (tp - 1) / tp, 0.0)
     io = where(multi, size, 0)
@@ -753,11 +801,30 @@ class TPComm(Layer):
       return where(ctx.tp > 1, out, 0.0)
     return self._memo(('net', stage, edge), compute)
 
+  def _async_hidden(self, stage, edge, window_stage, cond):
+    """Exposed part of ``stage``'s communication where ``cond`` holds:
+    hidden behind the ``window_stage`` GEMMs of :attr:`async_linears`."""
+    comm = self.net_time_s(stage, edge)
+    on = and_flags(self.ctx.tp_async, cond)
+    if self.conjugate or not self.async_linears or on is False:
+      return comm
+    def compute():
+      window = 0.0
+      for layer in self.async_linears:
+        window = window + where(layer.present,
+                                layer.processing_time_s(window_stage), 0.0)
+      return where(on, hidden_behind(comm, window, self.ctx.tp_usage), comm)
+    return self._memo(('async', stage, edge), compute)
+
   def exposed_net_time_s(self, stage, edge):
-    return self.net_time_s(stage, edge)
+    if stage != 'agrad':
+      return self.net_time_s(stage, edge)
+    return self._async_hidden('agrad', edge, 'wgrad', True)
 
   def recomm_exposed_time_s(self, edge):
-    return self.net_time_s('wgrad', edge)
+    return self._async_hidden('wgrad', edge, 'agrad',
+                              and_flags(self.async_recomm,
+                                         self._split(edge)))
 
   def processing_time_s(self, stage):
     # Its time is all communication, accounted in net_time_s.

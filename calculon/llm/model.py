@@ -28,6 +28,7 @@ from calculon.llm.block import (
   BlockMix, BlockTotals, Shape, build_block, build_embedding, build_head,
   moe_blocks_in_busiest_stage)
 from calculon.llm.layers import BlockContext, FP32_BYTES
+from calculon.llm.layers import hidden_behind as _hidden_behind
 from calculon.units import human_format
 
 _BYTES_TABLE = np.array([DATATYPE_BYTES[d] for d in DATATYPE_NAMES],
@@ -104,18 +105,6 @@ REASON_NAMES = {
 def _pos(x):
   """Python's max(0, x): x when positive, else 0."""
   return np.where(x > 0, x, 0)
-
-
-def _hidden_behind(comm, window, usage):
-  """Exposed seconds of ``comm`` seconds of communication overlapped with
-  ``window`` seconds of compute, while the processor share ``usage`` of the
-  tier carrying it drives the transfer: what exceeds the window shows, and
-  the compute it overlaps runs ``usage`` slower (Calculon, Isaev et al.
-  SC'23, section 3: the network's processor usage during overlapped data-
-  and tensor-parallel communication; DeepSeek-AI 2024, DeepSeek-V3 section
-  3.2.2: 20 of an H800's 132 SMs drive the overlapped all-to-all).
-  Arrays broadcast."""
-  return _pos(comm - window) + _min(comm, window) * usage
 
 
 def _min(a, b):
@@ -214,7 +203,8 @@ class Evaluation:
         te & (bpe < self.io_bytes),
         quantize_bytes_per_element(self.io_bytes, bpe,
                                    e.quantization_scaling, e.training),
-        0.0)))
+        0.0)),
+      tp_async=e.tensor_par_async_backward)
     self.pp_usage = nets.usage(e.pipeline_par_net)
     self.dp_usage = nets.usage(e.data_par_net)
     self.cp_usage = nets.usage(e.context_par_net)

@@ -388,6 +388,11 @@ def columns(spec, chunk):
     # updated weights behind the next forward pass (Megatron-Core
     # --overlap-param-gather); it acts only with data_par_overlap.
     cols['param_gather_overlap'] = np.bool_(True)
+    # Their column-parallel linear layers hide the backward TP all-reduce
+    # (reduce-scatter, redone all-gather) behind their GEMMs (Megatron-LM
+    # LinearWithGradAccumulationAndAsyncCommunication, Transformer Engine
+    # Linear); it acts only with TP > 1 and tensor_par_overlap 'none'.
+    cols['tensor_par_async_backward'] = np.bool_(True)
   k = len(chunk.prefix)
   for axis, name in enumerate(axes):
     values = g.values[name]

@@ -61,6 +61,7 @@ SETTINGS = {
   # microbatch size: 'pp' (one per pipeline stage, torchtitan's default).
   'pipeline_microbatches': ('pp',),
   'param_gather_overlap': 'bool',
+  'tensor_par_async_backward': 'bool',
   'quantization_scaling': SCALING_NAMES,
   'fsdp_buffer_copies': 'bool',
   'cross_entropy_kernel': CROSS_ENTROPY_NAMES,

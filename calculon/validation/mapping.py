@@ -630,7 +630,8 @@ class Mapper:
     fsdp = dp * cp > 1 and 'data_par_sharding' in settings and \
       settings['data_par_sharding'][0] in ('parameters', ['parameters'])
     for key in ('moe_dispatcher', 'expert_imbalance', 'gradient_datatype',
-                'param_gather_overlap', 'quantization_scaling',
+                'param_gather_overlap', 'tensor_par_async_backward',
+                'quantization_scaling',
                 'fsdp_buffer_copies', 'cross_entropy_kernel'):
       # The scaling the dtype column names (datatypes table) wins.
       if key == 'quantization_scaling' and (not narrow or key in fixed):
