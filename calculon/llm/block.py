@@ -14,8 +14,8 @@ from calculon.config.execution import (
   CROSS_ENTROPY_UNFUSED, RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_MODULES,
   RECOMPUTE_SELECTIVE, TP_OVERLAP_NONE)
 from calculon.llm.layers import (
-  and_flags as _and, flag, negate, where, BatchMatMul, CrossEntropy, DropOut, ElementWise,
-  EmbeddingLookup, FlashAttention, Fork, GeLU, LayerNorm, Linear,
+  and_flags as _and, flag, negate, where, BatchMatMul, CrossEntropy,
+  DropOut, ElementWise, EmbeddingLookup, FlashAttention, Fork, GeLU, LayerNorm, Linear,
   LinearOverlapped, RMSNorm, RoPE, SoftMax, SwiGLU, TPComm,
   attention_tile_fraction, ExpertComm, GroupedLinear, WeightedCombine)
 
@@ -40,6 +40,15 @@ def _share(whole, part, fraction):
   if only is False or (np.ndim(only) == 0 and not only):
     return 1.0
   return np.where(only, fraction, 1.0)
+
+
+def _feeds(f, *linears):
+  """Records on the f operator ``f`` the linear layers it feeds, whose
+  backward GEMMs hide its asynchronous backward communication
+  (:class:`~calculon.llm.layers.TPComm`); absent ones (None) are
+  skipped, and so is an absent ``f``."""
+  if f is not None:
+    f.async_linears = tuple(x for x in linears if x is not None)
 
 
 def recomputed_module(exe, name):
@@ -202,7 +211,6 @@ def build_block(app, exe, ctx, moe=False):
   query = add(Linear, 'AttnBlock_Query', batch_seq, h, qkv_width // tp,
               recompute=full, activation_stored=False, activation_reused=True,
               present=False if app.is_mla else plain)
-  qkv = [query] if query is not None else []
   add(LinearOverlapped, 'AttnBlock_QKV_AG', batch_seq, h,
       qkv_width + 2 * shape.kv_total, False, recompute=full | alt,
       recompute_share=_share(full, alt, shape.kv_total /
@@ -215,16 +223,13 @@ def build_block(app, exe, ctx, moe=False):
   add(Fork, 'AttnBlock_KV_Fork', act, 2, recompute=attn_recomm,
       activation_stored=~(attn_recomm | norm_re),
       present=overlap & ~kv_sharded)
-  for name in ('AttnBlock_Key', 'AttnBlock_Value'):
-    kv = add(Linear, name, batch_seq, h, shape.kv_local,
-             recompute=full | alt if name == 'AttnBlock_Key' else full,
-             activation_stored=False, activation_reused=True,
-             quantizes_input=False,
-             present=False if app.is_mla else (plain | ~kv_sharded))
-    if kv is not None:
-      qkv.append(kv)
-  if attn_f is not None:
-    attn_f.async_linears = tuple(qkv)
+  kv = [add(Linear, name, batch_seq, h, shape.kv_local,
+            recompute=full | alt if name == 'AttnBlock_Key' else full,
+            activation_stored=False, activation_reused=True,
+            quantizes_input=False,
+            present=False if app.is_mla else (plain | ~kv_sharded))
+        for name in ('AttnBlock_Key', 'AttnBlock_Value')]
+  _feeds(attn_f, query, *kv)
   if app.is_mla:
     rope = heads // tp * app.qk_rope_head_dim + app.qk_rope_head_dim
     add(RoPE, 'AttnBlock_RoPE', batch_seq * rope, recompute=full | mla_re)
@@ -288,8 +293,7 @@ def build_block(app, exe, ctx, moe=False):
   mlp1 = add(Linear, 'MlpBlock_Mlp1', batch_seq, h, up // tp,
              recompute=mlp_in | up_alt, recompute_share=up_share,
              activation_stored=~(mlp_recomm | norm_re), present=plain)
-  if mlp_f is not None and mlp1 is not None:
-    mlp_f.async_linears = (mlp1,)
+  _feeds(mlp_f, mlp1)
   add(LinearOverlapped, 'MlpBlock_Mlp1_AG', batch_seq, h, up, False,
       recompute=mlp_in | up_alt, recompute_share=up_share,
       recomm=mlp_recomm | mlp_re,
@@ -457,8 +461,7 @@ def _moe_mlp(app, exe, ctx, add, shape, norm_cls, norm_name, full, parallel,
                    async_recomm=negate(s_in), present=tp > 1)
     shared_1 = add(Linear, 'Shared_Mlp1', batch_seq, h, s_up // tp,
                    recompute=s_in, activation_stored=negate(norm_re))
-    if shared_f is not None:
-      shared_f.async_linears = (shared_1,)
+    _feeds(shared_f, shared_1)
     cls = SwiGLU if app.gated else GeLU
     add(cls, 'Shared_Act', shared * batch_seq // tp, exe.fused_activation,
         recompute=s_in, activation_stored=s_kept)
@@ -515,8 +518,7 @@ def build_head(app, exe, ctx, holds_weights=True):
   head_f = add(TPComm, 'Head_F', shape.act, False, present=tp > 1)
   head = Linear('Head_Logits', ctx, shape.batch_seq, app.hidden, vocab_local,
                 narrow=False)
-  if head_f is not None:
-    head_f.async_linears = (head,)
+  _feeds(head_f, head)
   if holds_weights is not True:
     for attr in ('weights', 'weight_grads', 'optim'):
       setattr(head, attr, where(holds_weights, getattr(head, attr), 0))
