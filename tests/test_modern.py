@@ -987,3 +987,41 @@ def test_tp_async_backward_hides_input_gradient_communication():
   assert value(evaluation(llama(), tensor_par_async_backward=True,
                           batch_size=1).total_time_s) == value(
     evaluation(llama(), batch_size=1).total_time_s)
+
+
+def test_pipeline_split_counting_vocab_moves_a_block_off_each_end():
+  """Megatron-Core's --account-for-embedding-in-pipeline-split and
+  --account-for-loss-in-pipeline-split (transformer_block.py,
+  get_num_layers_to_build) split L + 2 slots evenly and build one block
+  less on the first and the last stage, whose embedding and LM head take
+  the slot: the Llama 3.1 405B recipes of Megatron-Bridge (126 blocks, PP
+  16: 128 / 16 = 8 slots a stage) and the Qwen3-235B-A22B ones (94 blocks)
+  set both.  Hand count: the end stages add E - b and H - b (E, H the
+  embedding's and the head's forward + backward seconds of a microbatch, b
+  a block's), the steady state max(E - b, H - b, 0) per microbatch; the
+  blocks' compute is unchanged and the split no longer has the two
+  one-block-short stages that shortened the bubble."""
+  app = llama(num_blocks=30, vocab_size=128256)
+  common = dict(pipeline_par=8, pipeline_par_net=0, batch_size=16)
+  plain = evaluation(app, **common)
+  split = evaluation(app, pipeline_split_counts_vocab=True, **common)
+  # 30 blocks: ceil(30 / 8) = 4 a stage either way; 32 slots split evenly.
+  assert value(plain.blocks_per_proc) == value(split.blocks_per_proc) == 4
+  assert value(plain.bubble_reduction_blocks) == 2
+  assert value(split.bubble_reduction_blocks) == 0
+  e = value(split._stage_time_s(split.embed))
+  h = value(split._stage_time_s(split.head))
+  b = value(split.baseblock_fw_time_s + split.baseblock_bw_time_s)
+  nmb = 16
+  assert value(split.vocab_time_s) == pytest.approx(
+    (nmb - 1) * max(e - b, h - b, 0) + (e - b) + (h - b), rel=1e-12)
+  assert value(plain.vocab_time_s) == pytest.approx(
+    (nmb - 1) * max(e, h) + e + h, rel=1e-12)
+  # Llama 3 8B's head (4096 x 128256) costs more than one of its blocks.
+  assert h > b > e
+  assert value(split.fw_time_s) == value(plain.fw_time_s)
+  assert value(split.total_time_s) < value(plain.total_time_s)
+  # With PP = 1 there is no split: the flag means nothing.
+  one = dict(common, pipeline_par=1)
+  assert value(evaluation(app, pipeline_split_counts_vocab=True, **one)
+               .total_time_s) == value(evaluation(app, **one).total_time_s)

@@ -151,6 +151,27 @@ def test_framework_loss_and_fsdp_copies_from_the_rules(suite):
   assert 'cross_entropy_kernel' not in case(suite, 'black-01').fixed
 
 
+def test_megatron_core_rows_count_the_vocabulary_in_an_uneven_split(suite):
+  """Megatron-Core splits blocks evenly or stops (get_num_layers_to_build),
+  so a Megatron-Core row whose PP x VP divides the blocks plus two but not
+  the blocks alone counted the embedding and the loss as blocks: Llama 3.1
+  405B (126 blocks) at PP 16 x VP 4 and PP 8 x VP 8, the model zoo's
+  Qwen3-235B (94) at PP 32 x VP 3 (its config sets
+  --account-for-embedding-in-pipeline-split and
+  --account-for-loss-in-pipeline-split).  Llama 3 70B (80 blocks at PP 4),
+  DeepSeek-V3 (61: a stated layout instead) and torchtitan's 405B (another
+  framework) are split as before."""
+  for rid in ('megatron-bridge-01', 'megatron-bridge-08',
+              'megatron-moe-modelzoo-03'):
+    c = case(suite, rid)
+    assert c.fixed['pipeline_split_counts_vocab'] is True
+    assert 'pipeline_split_counts_vocab=true' in c.assumptions_text()
+    assert not any('blocks over PP' in a for a in c.approximations)
+  for rid in ('megatron-bridge-03', 'megatron-bridge-13', 'torchtitan-15',
+              'narayanan-05'):
+    assert 'pipeline_split_counts_vocab' not in case(suite, rid).fixed
+
+
 def test_gpt_oss_rows_get_the_banded_window(suite):
   """gpt-oss-120b alternates dense and 128-token banded attention over
   its 36 blocks (OpenAI 2025 model card, section 2.1): the family entry

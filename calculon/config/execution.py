@@ -189,6 +189,7 @@ OPTIONAL_SPECS = {
                         CHECKPOINT_LAYOUT_NAMES, 'whole'),
   'param_gather_overlap': (_BOOL, None, False),
   'tensor_par_async_backward': (_BOOL, None, False),
+  'pipeline_split_counts_vocab': (_BOOL, None, False),
   'quantization_scaling': (Spec('str', choices=SCALING_NAMES), SCALING_NAMES,
                            'delayed'),
   'recompute_modules': (Spec('list'), RECOMPUTE_MODULE_SETS, 'core_attn'),
@@ -276,6 +277,13 @@ class Execution:
   its input behind its input-gradient GEMM, as Megatron-LM's
   LinearWithGradAccumulationAndAsyncCommunication and Transformer
   Engine's Linear do; absent: false, Calculon's model, all exposed),
+  pipeline_split_counts_vocab (with PP > 1: the pipeline split counts the
+  embedding and the LM head with the loss as one block each, so the first
+  and the last stage hold one block less, as Megatron-Core's
+  --account-for-embedding-in-pipeline-split and
+  --account-for-loss-in-pipeline-split do; absent: false, every stage
+  holds its share of the blocks and the ends carry the embedding and the
+  head on top),
   quantization_scaling (with the Transformer Engine recipe, how the casts
   to the narrow datatype find their scales: 'delayed' from the amax
   history of earlier steps, Transformer Engine's DelayedScaling; 'current'
@@ -350,6 +358,7 @@ class Execution:
   checkpoint_layout: str = 'whole'
   param_gather_overlap: bool = False
   tensor_par_async_backward: bool = False
+  pipeline_split_counts_vocab: bool = False
   quantization_scaling: str = 'delayed'
   recompute_modules: object = 'core_attn'
   fsdp_buffer_copies: bool = False

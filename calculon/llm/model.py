@@ -149,8 +149,12 @@ class Evaluation:
     self.bytes_per_element = _BYTES_TABLE[e.datatype]
     self.num_microbatches = (e.batch_size // e.data_par) // e.microbatch_size
     # Blocks per processor, rounded up; the last PP - (L mod PP) stages hold
-    # one block less, which shortens the bubble (see bubble_time_s).
-    nb = app.num_blocks
+    # one block less, which shortens the bubble (see bubble_time_s).  When
+    # the split counts the embedding and the LM head as a block each
+    # (pipeline_split_counts_vocab), L + 2 slots are split and the two end
+    # stages give one slot each to them (see vocab_time_s).
+    self.vocab_in_split = e.pipeline_split_counts_vocab & (self.pp > 1)
+    nb = app.num_blocks + np.where(self.vocab_in_split, 2, 0)
     rem = nb % self.pp
     self.blocks_per_proc = nb // self.pp + (rem != 0)
     self.bubble_reduction_blocks = np.where(rem != 0, self.pp - rem, 0)
@@ -1343,11 +1347,32 @@ class Evaluation:
     the larger extra, and the first and the last microbatch cross both
     ends: (nmb - 1) max(E, H) + E + H per batch, E and H the forward +
     backward seconds of one microbatch.
+
+    With ``pipeline_split_counts_vocab`` the two end stages hold one block
+    less (Megatron-Core ``--account-for-embedding-in-pipeline-split`` and
+    ``--account-for-loss-in-pipeline-split``: L + 2 slots split over the
+    stages, one fewer block built on the first and the last;
+    megatron/core/transformer/transformer_block.py,
+    get_num_layers_to_build): E and H become E - b and H - b, b the forward
+    + backward seconds of one block (recomputation and exposed TP traffic
+    included), and the steady state adds max(E - b, H - b, 0), never
+    running faster than the middle stages.
     """
     e = self._stage_time_s(self.embed)
     h = self._stage_time_s(self.head)
+    if np.any(self.vocab_in_split):
+      # The end stages run E and H in place of one block each.
+      block_s = self.baseblock_fw_time_s + np.where(
+        self.training, self.baseblock_bw_time_s, 0)
+      split = self.vocab_in_split
+      e = np.where(split, e - block_s, e)
+      h = np.where(split, h - block_s, h)
+      steady = np.where(split, np.maximum(np.maximum(e, h), 0),
+                        np.maximum(e, h))
+    else:
+      steady = np.maximum(e, h)
     nmb = self.num_microbatches
-    return np.where(self.pp > 1, (nmb - 1) * np.maximum(e, h) + e + h,
+    return np.where(self.pp > 1, (nmb - 1) * steady + e + h,
                     nmb * (e + h))
 
   @cached_property

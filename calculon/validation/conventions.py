@@ -62,6 +62,11 @@ SETTINGS = {
   'pipeline_microbatches': ('pp',),
   'param_gather_overlap': 'bool',
   'tensor_par_async_backward': 'bool',
+  # Whether the pipeline split counts the embedding and the LM head as a
+  # block each: 'always', 'never', or 'when_uneven' (only where PP divides
+  # the blocks plus two and not the blocks alone: Megatron-Core splits
+  # evenly or refuses, so such a run must have counted them).
+  'pipeline_split_counts_vocab': ('always', 'never', 'when_uneven'),
   'quantization_scaling': SCALING_NAMES,
   'fsdp_buffer_copies': 'bool',
   'cross_entropy_kernel': CROSS_ENTROPY_NAMES,

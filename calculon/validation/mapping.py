@@ -644,6 +644,8 @@ class Mapper:
         value, why = settings[key]
         fixed[key] = value[0] if isinstance(value, list) else value
         case.assume(key, fixed[key], why)
+    if pp > 1 and 'pipeline_split_counts_vocab' in settings:
+      self._vocab_split(case, settings['pipeline_split_counts_vocab'], pp)
     if 'attention_implementation' in settings:
       value, why = settings['attention_implementation']
       kernel = value[0] if isinstance(value, list) else value
@@ -665,6 +667,27 @@ class Mapper:
       case.approximations.append('FLOP conversion of the measured figure '
                                  'approximate')
     self._axes(case, settings, tp, pp, dp, cp, batch)
+
+  @staticmethod
+  def _vocab_split(case, setting, pp):
+    """Sets ``pipeline_split_counts_vocab`` from a rule's 'always', 'never'
+    or 'when_uneven': true where PP (times the row's VP) divides the blocks
+    plus two but not the blocks alone.  Megatron-Core splits the blocks
+    evenly or stops (transformer_block.py get_num_layers_to_build asserts
+    that PP divides the layer count, plus one for each of the embedding and
+    the loss it is told to count), so such a run counted both."""
+    value, why = setting
+    value = value[0] if isinstance(value, list) else value
+    blocks = case.app['num_blocks']
+    vp = number(case.row.get('vp')) or 1
+    if value == 'when_uneven':
+      uneven = blocks % (pp * vp) != 0 and (blocks + 2) % (pp * vp) == 0
+      if not uneven:
+        return
+      why = (f'{why}; PP x VP = {pp * vp} divides the {blocks} blocks plus '
+             'the embedding and the loss, not the blocks alone')
+    case.fixed['pipeline_split_counts_vocab'] = value != 'never'
+    case.assume('pipeline_split_counts_vocab', value != 'never', why)
 
   def _axes(self, case, settings, tp, pp, dp, cp, batch):
     row, app, axes = case.row, case.app, case.axes
@@ -699,6 +722,8 @@ class Mapper:
         axes['microbatch_size'] = from_rule('microbatch_size', ok, ok)
     # Interleaving.
     blocks = app['num_blocks']
+    if case.fixed.get('pipeline_split_counts_vocab'):
+      blocks += 2
     per_stage = -(-blocks // pp)
     divisors = _factors(per_stage)
     vp = number(row.get('vp'))
