@@ -382,3 +382,31 @@ def test_space_option_keeps_calculon_searches():
   modern = S.SearchSpec(Application.from_dict(MODERN_APP), System(SYS), 4, 8,
                         'float16')
   assert modern.space == 'modern' and modern.axes == S.MODERN_AXES
+
+
+def test_modern_search_counts_the_vocabulary_where_only_that_splits_evenly():
+  """Where PP divides the blocks plus two and not the blocks alone, the
+  modern space prices Megatron-Core's only even split: the embedding and
+  the LM head counted as a block each (pipeline_split_counts_vocab; 7
+  blocks at PP 3 give 3 slots a stage); elsewhere the field is left out.
+  Pruning stays exact and the records read back and re-price exactly."""
+  from calculon.llm.results import best_to_output
+  app = Application.from_dict(dict(MODERN_APP, num_blocks=7))
+  spec = dict(app=app, system=System(_modern_system()), num_procs=6,
+              max_batch_size=6, datatype='float16', space='modern')
+  search = S.SearchSpec(prune=True, **spec)
+  flags = {}
+  for group in S.groups(search):
+    cols = S.columns(search, S.Chunk(group, ()))
+    flags[group.pp] = bool(getattr(cols, 'pipeline_split_counts_vocab',
+                                   False))
+  assert flags == {1: False, 2: False, 3: True, 6: False}
+  recs = [r for r in _records_per_value(search, 'activation_recompute')
+          if r['pipeline_par'] == 3]
+  assert recs and all(r['pipeline_split_counts_vocab'] is True
+                      for r in recs)
+  full = S.optimal_executions(S.SearchSpec(prune=False, **spec), 60)
+  pruned = S.optimal_executions(search, 60)
+  assert pruned.best == full.best
+  out = best_to_output(search, pruned)
+  assert out['0']['stats']['sample_rate'] == pruned.best[0][0]

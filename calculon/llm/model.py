@@ -1355,15 +1355,16 @@ class Evaluation:
     megatron/core/transformer/transformer_block.py,
     get_num_layers_to_build): E and H become E - b and H - b, b the forward
     + backward seconds of one block (recomputation and exposed TP traffic
-    included), and the steady state adds max(E - b, H - b, 0), never
+    included; offload overheads left out, so the term never shrinks as
+    they grow), and the steady state adds max(E - b, H - b, 0), never
     running faster than the middle stages.
     """
     e = self._stage_time_s(self.embed)
     h = self._stage_time_s(self.head)
     if np.any(self.vocab_in_split):
       # The end stages run E and H in place of one block each.
-      block_s = self.baseblock_fw_time_s + np.where(
-        self.training, self.baseblock_bw_time_s, 0)
+      block_s = self.baseblock_fw_time_no_offload_s + np.where(
+        self.training, self.baseblock_bw_time_no_offload_s, 0)
       split = self.vocab_in_split
       e = np.where(split, e - block_s, e)
       h = np.where(split, h - block_s, h)

@@ -393,6 +393,14 @@ def columns(spec, chunk):
     # LinearWithGradAccumulationAndAsyncCommunication, Transformer Engine
     # Linear); it acts only with TP > 1 and tensor_par_overlap 'none'.
     cols['tensor_par_async_backward'] = np.bool_(True)
+    # Where PP divides the blocks plus two and not the blocks alone, the
+    # split counts the embedding and the LM head as a block each
+    # (Megatron-Core --account-for-embedding-in-pipeline-split and
+    # --account-for-loss-in-pipeline-split: its only even split then).
+    blocks = spec.app.num_blocks
+    if spec.app.has_vocab and g.pp > 2 and blocks % g.pp and \
+        (blocks + 2) % g.pp == 0:
+      cols['pipeline_split_counts_vocab'] = np.bool_(True)
   k = len(chunk.prefix)
   for axis, name in enumerate(axes):
     values = g.values[name]
