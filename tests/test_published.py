@@ -172,6 +172,31 @@ def test_megatron_core_rows_count_the_vocabulary_in_an_uneven_split(suite):
     assert 'pipeline_split_counts_vocab' not in case(suite, rid).fixed
 
 
+def test_notes_stating_the_vocabulary_split_set_it_for_any_source(tmp_path):
+  """A row of any source whose notes name Megatron-Core's
+  account_for_embedding/loss_in_pipeline_split flags is priced with the
+  split that counts them (L + 2 = 34 slots over PP 2: 17 a stage); the
+  same row without the phrase, from a source no rule knows, keeps the
+  plain split."""
+  def row(notes):
+    r = {k: '' for k in M.FACT_COLUMNS}
+    r.update(source='Acme Labs 2027', model_name='Llama 3 8B',
+             num_layers='32', seq_len='8192', num_gpus='16',
+             gpu_type='H100 80GB', tp='4',
+             pp='2', global_batch_size='32',
+             measured_metric_name='tokens_per_sec_per_gpu',
+             measured_value='1000', notes=notes)
+    return r
+  rows = [row('account_for_embedding_in_pipeline_split=True, '
+              'account_for_loss_in_pipeline_split=True'), row('')]
+  s = P.Suite(ROOT, [write_csv(tmp_path / 'v.csv', rows)])
+  split, plain = s.cases
+  assert split.fixed['pipeline_split_counts_vocab'] is True
+  assert split.axes['pipeline_interleaving'] == [1, 17]
+  assert 'pipeline_split_counts_vocab' not in plain.fixed
+  assert plain.axes['pipeline_interleaving'] == [1, 2, 4, 8, 16]
+
+
 def test_gpt_oss_rows_get_the_banded_window(suite):
   """gpt-oss-120b alternates dense and 128-token banded attention over
   its 36 blocks (OpenAI 2025 model card, section 2.1): the family entry
