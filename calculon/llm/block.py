@@ -15,8 +15,8 @@ from calculon.config.execution import (
   RECOMPUTE_SELECTIVE, TP_OVERLAP_NONE)
 from calculon.llm.layers import (
   and_flags as _and, flag, negate, where, BatchMatMul, CrossEntropy,
-  DropOut, ElementWise, EmbeddingLookup, FlashAttention, Fork, GeLU, LayerNorm, Linear,
-  LinearOverlapped, RMSNorm, RoPE, SoftMax, SwiGLU, TPComm,
+  DropOut, ElementWise, EmbeddingLookup, FlashAttention, Fork, GeLU,
+  LayerNorm, Linear, LinearOverlapped, RMSNorm, RoPE, SoftMax, SwiGLU, TPComm,
   attention_tile_fraction, ExpertComm, GroupedLinear, WeightedCombine)
 
 

@@ -1365,13 +1365,10 @@ class Evaluation:
       # The end stages run E and H in place of one block each.
       block_s = self.baseblock_fw_time_no_offload_s + np.where(
         self.training, self.baseblock_bw_time_no_offload_s, 0)
-      split = self.vocab_in_split
-      e = np.where(split, e - block_s, e)
-      h = np.where(split, h - block_s, h)
-      steady = np.where(split, np.maximum(np.maximum(e, h), 0),
-                        np.maximum(e, h))
-    else:
-      steady = np.maximum(e, h)
+      b = np.where(self.vocab_in_split, block_s, 0)
+      e, h = e - b, h - b
+    # E and H are >= 0 without the split, so the floor acts only with it.
+    steady = np.maximum(np.maximum(e, h), 0)
     nmb = self.num_microbatches
     return np.where(self.pp > 1, (nmb - 1) * steady + e + h,
                     nmb * (e + h))

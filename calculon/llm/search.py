@@ -397,9 +397,8 @@ def columns(spec, chunk):
     # split counts the embedding and the LM head as a block each
     # (Megatron-Core --account-for-embedding-in-pipeline-split and
     # --account-for-loss-in-pipeline-split: its only even split then).
-    blocks = spec.app.num_blocks
-    if spec.app.has_vocab and g.pp > 2 and blocks % g.pp and \
-        (blocks + 2) % g.pp == 0:
+    if spec.app.has_vocab and space.only_vocab_split_is_even(
+        spec.app.num_blocks, g.pp):
       cols['pipeline_split_counts_vocab'] = np.bool_(True)
   k = len(chunk.prefix)
   for axis, name in enumerate(axes):

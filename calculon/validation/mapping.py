@@ -34,6 +34,7 @@ from calculon.config.application import router_groups_fit
 from calculon.config.system import OPTIONAL_EFFICIENCIES
 from calculon.errors import ConfigError
 from calculon.io import read_json_file
+from calculon.llm.space import only_vocab_split_is_even
 
 #: Columns of the shared measurements file, in its order.
 FACT_COLUMNS = (
@@ -671,18 +672,15 @@ class Mapper:
   @staticmethod
   def _vocab_split(case, setting, pp):
     """Sets ``pipeline_split_counts_vocab`` from a rule's 'always', 'never'
-    or 'when_uneven': true where PP (times the row's VP) divides the blocks
-    plus two but not the blocks alone.  Megatron-Core splits the blocks
-    evenly or stops (transformer_block.py get_num_layers_to_build asserts
-    that PP divides the layer count, plus one for each of the embedding and
-    the loss it is told to count), so such a run counted both."""
+    or 'when_uneven': true where only that split of the blocks over PP
+    times the row's VP is even (see
+    :func:`calculon.llm.space.only_vocab_split_is_even`)."""
     value, why = setting
     value = value[0] if isinstance(value, list) else value
     blocks = case.app['num_blocks']
     vp = number(case.row.get('vp')) or 1
     if value == 'when_uneven':
-      uneven = blocks % (pp * vp) != 0 and (blocks + 2) % (pp * vp) == 0
-      if not uneven:
+      if not only_vocab_split_is_even(blocks, pp * vp):
         return
       why = (f'{why}; PP x VP = {pp * vp} divides the {blocks} blocks plus '
              'the embedding and the loss, not the blocks alone')
