@@ -255,11 +255,14 @@ def test_rows_are_mapped_by_conventions(suite):
   assert c.app['kv_lora_rank'] == 512 and c.app['first_dense_blocks'] == 3
   assert c.app['shared_experts'] == 1 and c.fixed['expert_par'] == 64
   # Megatron-LM of 2021 (Narayanan et al.): the gradient all-reduce after
-  # the backward pass (--DDP-impl local), not a searched overlap.
+  # the backward pass (--DDP-impl local), not a searched overlap, and in
+  # float32 with bf16 (accumulate_allreduce_grads_in_fp32).
   c = case(suite, 'narayanan-07')
   assert c.axes['data_par_overlap'] == [False]
-  assert 'DDP-impl local' in dict((k, w) for k, _, w in c.assumptions)[
-    'data_par_overlap']
+  why = dict((k, w) for k, _, w in c.assumptions)
+  assert 'DDP-impl local' in why['data_par_overlap']
+  assert c.fixed['gradient_datatype'] == 'float32'
+  assert 'accumulate_allreduce_grads_in_fp32' in why['gradient_datatype']
   # Korthikanti et al. 2022: a blank VP is 1 (rule keyed by the source).
   c = case(suite, 'korthikanti-07')
   assert c.axes['pipeline_interleaving'] == [1]
