@@ -373,6 +373,29 @@ def test_context_parallelism_divides_work_and_rings_kv():
   assert value(sharded.optimizer_shards) == 4
 
 
+def test_context_parallel_merge_passes_over_memory():
+  """Each ring step's partial output is merged outside the attention
+  kernel (Transformer Engine flash_attn_fwd_out_correction_init / _correction:
+  the first step reads the partial output and writes the running one, each
+  later step reads both and writes the running one), so the forward pass
+  moves o x (3 cp - 1) 16-bit elements; the backward pass accumulates dQ
+  and the chunk's dK, dV the same way.  Absent without CP."""
+  app = llama(num_blocks=2)
+  one = evaluation(app, H100, attention_kernel='flash')
+  assert not [l for l in one.layers if l.name == 'AttnBlock_CP_Merge']
+  cp4 = evaluation(app, H100, attention_kernel='flash', context_par=4)
+  merge = [l for l in cp4.layers if l.name == 'AttnBlock_CP_Merge'][0]
+  q = 32 * (8192 // 4) * 128             # local queries = local output
+  kv = 2 * (8192 // 4) * 8 * 128         # local K and V chunk (GQA, 8)
+  assert value(merge.mem_bytes('fw')) == q * (3 * 4 - 1) * 2
+  assert value(merge.mem_bytes('agrad')) == (q + kv) * (3 * 4 - 1) * 2
+  assert value(merge.processing_time_s('fw')) > 0
+  # It is priced: the block's forward time includes it.
+  assert value(cp4.block.fw_time) == pytest.approx(sum(
+    value(l.processing_time_s('fw')) for l in cp4.layers
+    if np.all(l.present)))
+
+
 def test_context_parallel_must_split_the_sequence_evenly():
   with pytest.raises(ConfigError, match='2 x context_par must divide'):
     evaluation(llama(num_blocks=2, seq_size=8192 + 4), H100, context_par=4)

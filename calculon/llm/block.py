@@ -17,7 +17,8 @@ from calculon.llm.layers import (
   and_flags as _and, flag, negate, where, BatchMatMul, CrossEntropy,
   DropOut, ElementWise, EmbeddingLookup, FlashAttention, Fork, GeLU,
   LayerNorm, Linear, LinearOverlapped, RMSNorm, RoPE, SoftMax, SwiGLU, TPComm,
-  attention_tile_fraction, ExpertComm, GroupedLinear, WeightedCombine)
+  attention_tile_fraction, ContextParallelMerge, ExpertComm, GroupedLinear,
+  WeightedCombine)
 
 
 def _mask(cond):
@@ -255,6 +256,11 @@ def build_block(app, exe, ctx, moe=False):
       head_size, v_size, kv_elems, attention_tile_fraction(app),
       recompute=attn_re, activation_stored=~(attn_re | mla_re), present=flash,
       core=True)
+  # Context parallelism: the ring steps' partial outputs merged, and their
+  # gradients accumulated, outside the attention kernel.
+  add(ContextParallelMerge, 'AttnBlock_CP_Merge', heads_local * s_q * v_size,
+      heads_local * s_q * head_size, kv_elems, shape.cp, recompute=attn_re,
+      present=(flash & (shape.cp > 1)) if np.any(shape.cp > 1) else False)
   add(Linear, 'AttnBlock_MLP', batch_seq, heads * v_size // tp, h,
       recompute=full | alt, present=plain)
   add(TPComm, 'AttnBlock_G', act, True, recomm=full, activation_stored=False,

@@ -1011,6 +1011,50 @@ class FlashAttention(Layer):
     return time / (eff * self.head_dim_factor)
 
 
+class ContextParallelMerge(Layer):
+  """Merge of the partial results of context parallelism's ring steps
+  (Liu et al. 2023, "Ring Attention", section 3; Megatron-Core CP with
+  Transformer Engine ``AttnFuncWithCPAndKVP2P``, PyTorch's
+  ``_templated_ring_attention``).  Each of the ``steps`` (= CP) attention
+  kernels of a layer writes its partial output and log-sum-exp to memory;
+  the output is rescaled and summed outside the kernel, an element-wise
+  pass over memory per step (Transformer Engine
+  ``flash_attn_fwd_out_correction_init`` for the first step: read the
+  partial output, write the running one; ``flash_attn_fwd_out_correction``
+  for each later step: ``out.add_(out_per_step * exp(lse_step - lse))``,
+  read both, write the running one; PyTorch ``_SDPAMerger.step`` likewise,
+  in float32).  The backward pass accumulates the per-step gradients the
+  same way: dQ of the local queries, and dK, dV of the key/value chunk the
+  step handled (Transformer Engine ``dq.add_``, ``dkv.add_``; PyTorch
+  ``grad_query += grad_query_``).
+
+  Args:
+    o_elems, q_elems, kv_elems: elements of the local output, queries and
+      key/value chunk (K and V together).
+    steps: ring steps per layer (the CP degree, array).
+
+  Traffic (datatype width, the frameworks' default; PyTorch's float32
+  accumulation moves more): forward ``o_elems x (3 steps - 1)``, backward
+  ``(q_elems + kv_elems) x (3 steps - 1)`` elements; 2 FLOP per merged
+  element forward (scale, add), 1 backward (add).  It keeps nothing.
+  Absent without CP (``steps`` 1).
+  """
+
+  def __init__(self, name, ctx, o_elems, q_elems, kv_elems, steps, **flags):
+    self.passes = 3 * steps - 1
+    self.o_elems, self.grad_elems = o_elems, q_elems + kv_elems
+    super().__init__(name, ctx, fw_flops=2 * o_elems * (steps - 1),
+                     agrad_flops=(q_elems + kv_elems) * (steps - 1),
+                     inputs=o_elems, outputs=o_elems, activation=0,
+                     activation_grads=0, **flags)
+
+  def fw_mem_bytes(self):
+    return self.o_elems * self.passes * self.bpe
+
+  def agrad_mem_bytes(self):
+    return self.grad_elems * self.passes * self.bpe
+
+
 class EmbeddingLookup(Layer):
   """Vocabulary-parallel input embedding (Megatron-LM
   ``VocabParallelEmbedding``): each TP rank holds ``vocab / TP`` rows and
