@@ -1042,14 +1042,14 @@ class ContextParallelMerge(Layer):
 
   def __init__(self, name, ctx, o_elems, q_elems, kv_elems, steps, **flags):
     self.passes = 3 * steps - 1
-    self.o_elems, self.grad_elems = o_elems, q_elems + kv_elems
+    self.grad_elems = q_elems + kv_elems
     super().__init__(name, ctx, fw_flops=2 * o_elems * (steps - 1),
-                     agrad_flops=(q_elems + kv_elems) * (steps - 1),
+                     agrad_flops=self.grad_elems * (steps - 1),
                      inputs=o_elems, outputs=o_elems, activation=0,
                      activation_grads=0, **flags)
 
   def fw_mem_bytes(self):
-    return self.o_elems * self.passes * self.bpe
+    return self.outputs * self.passes * self.bpe
 
   def agrad_mem_bytes(self):
     return self.grad_elems * self.passes * self.bpe
