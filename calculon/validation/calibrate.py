@@ -767,16 +767,21 @@ RUNS_PER_PARAMETER = 3
 def auto_parameters(runs, prior, candidates=DEFAULT_PARAMETERS):
   """The parameters of ``candidates`` the runs determine (see
   :func:`determined`), keeping at most one per :data:`RUNS_PER_PARAMETER`
-  runs, in the order given; (names, notes on those dropped)."""
+  runs; when more are determined than that, the pursuit (:func:`_pursuit`)
+  chooses among them, each only while it pays for itself; in the order
+  given; (names, notes on those dropped)."""
   names = available(runs, candidates)
   notes = []
   limit = len(runs) // RUNS_PER_PARAMETER
   if len(names) > limit:
     chosen = _pursuit(runs, names, prior, limit)
     left = [n for n in names if n not in chosen]
-    notes.append(f"{', '.join(left)}: left out, {len(runs)} runs fit at most "
-                 f'{limit} parameter(s) ({RUNS_PER_PARAMETER} runs each); '
-                 'chosen by how much of the error each explains')
+    if left:
+      notes.append(
+        f"{', '.join(left)}: left out, {len(runs)} runs fit at most "
+        f'{limit} parameter(s) ({RUNS_PER_PARAMETER} runs each), chosen by '
+        'how much of the error each explains, each while it pays for itself '
+        '(Bayesian information criterion)')
     names = chosen
   while names:
     kept, reasons = determined(runs, names, prior)
@@ -787,12 +792,25 @@ def auto_parameters(runs, prior, candidates=DEFAULT_PARAMETERS):
   return [], notes
 
 
+def pays_for_itself(gain, rss, n):
+  """Whether one more parameter that removes ``gain`` of the residual sum of
+  squares ``rss`` (both in squared log units) over ``n`` runs lowers the
+  Bayesian information criterion n ln(RSS / n) + k ln(n) (Schwarz 1978,
+  "Estimating the dimension of a model", Ann. Statist. 6(2)): the new sum
+  must be below exp(-ln(n) / n) of the old (about 17 % less for 15 runs,
+  10 % for 34).  False for n < 2 or rss <= 0."""
+  if n < 2 or rss <= 0:
+    return False
+  return rss - gain < math.exp(-math.log(n) / n) * rss
+
+
 def _pursuit(runs, names, prior, limit):
   """Up to ``limit`` of ``names`` chosen by orthogonal matching pursuit on
   the runs linearized at the prior (Pati et al. 1993): each step adds the
   parameter whose Jacobian column, with those already chosen, removes the
   most of the (source-weighted) log errors; it stops when a step removes
-  less than 1 % of them."""
+  less than 1 % of them, or when the best one does not pay for itself
+  by the Bayesian information criterion (:func:`pays_for_itself`)."""
   if limit <= 0:
     return []
   counts = {}
@@ -814,8 +832,9 @@ def _pursuit(runs, names, prior, limit):
       rest = resid - cols @ coef
       if best is None or rest @ rest < best_left @ best_left:
         best, best_left = name, rest
-    if best is None or float(left @ left - best_left @ best_left) < \
-        0.01 * total:
+    gain = float(left @ left - best_left @ best_left)
+    if best is None or gain < 0.01 * total or \
+        not pays_for_itself(gain, float(left @ left), len(runs)):
       break
     chosen.append(best)
     left = best_left
