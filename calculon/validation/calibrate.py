@@ -832,8 +832,10 @@ def _pursuit(runs, names, prior, limit):
       rest = resid - cols @ coef
       if best is None or rest @ rest < best_left @ best_left:
         best, best_left = name, rest
+    if best is None:
+      break
     gain = float(left @ left - best_left @ best_left)
-    if best is None or gain < 0.01 * total or \
+    if gain < 0.01 * total or \
         not pays_for_itself(gain, float(left @ left), len(runs)):
       break
     chosen.append(best)
