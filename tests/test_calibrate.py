@@ -380,7 +380,6 @@ def test_a_parameter_must_pay_for_itself():
   criterion n ln(RSS / n) + k ln(n) (Schwarz 1978): one more parameter
   must cut the residual sum of squares below exp(-ln(n) / n) of itself,
   16.5 % less for 15 runs, 9.85 % for 34."""
-  import math
   for n, cut in ((15, 0.1652), (34, 0.0985)):
     assert C.pays_for_itself((cut + 0.002) * 2.0, 2.0, n)
     assert not C.pays_for_itself((cut - 0.002) * 2.0, 2.0, n)

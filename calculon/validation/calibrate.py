@@ -834,9 +834,9 @@ def _pursuit(runs, names, prior, limit):
         best, best_left = name, rest
     if best is None:
       break
-    gain = float(left @ left - best_left @ best_left)
-    if gain < 0.01 * total or \
-        not pays_for_itself(gain, float(left @ left), len(runs)):
+    rss = float(left @ left)
+    gain = rss - float(best_left @ best_left)
+    if gain < 0.01 * total or not pays_for_itself(gain, rss, len(runs)):
       break
     chosen.append(best)
     left = best_left
