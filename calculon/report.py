@@ -185,6 +185,7 @@ def header_lines(data):
              if k in ('data_par_sharding', 'attention_kernel',
                       'precision_recipe', 'quantization_scaling',
                       'recompute_modules', 'fsdp_buffer_copies',
+                      'tensor_par_overlap_rs_dgrad',
                       'cross_entropy_kernel',
                       'gradient_datatype', 'expert_par',
                       'expert_tensor_par', 'moe_dispatcher',

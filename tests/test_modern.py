@@ -1012,6 +1012,55 @@ def test_tp_async_backward_hides_input_gradient_communication():
     evaluation(llama(), batch_size=1).total_time_s)
 
 
+def test_untiled_rs_dgrad_exposes_the_input_gradient_reduce_scatter():
+  """PyTorch's micro-pipeline TP decomposes a reduce-scatter only when one
+  matmul produces its input (torch/_inductor/fx_passes/micro_pipeline_tp.py,
+  fuse_matmul_reduce_scatter / _find_producer_matmul); torchtitan's Llama
+  sums the input gradients of wq, wk, wv (and of w1, w3) before the
+  sequence-parallel reduce-scatter, which then runs whole.  With
+  tensor_par_overlap_rs_dgrad false, the backward reduce-scatter of the two
+  column-parallel layers (QKV, the MLP's first GEMM) is exposed in full and
+  their input-gradient GEMMs run untiled; the forward pass, the traffic
+  and the row-parallel layers' backward all-gathers are unchanged."""
+  common = dict(tensor_par=8, tensor_par_net=0, batch_size=1,
+                tensor_par_comm_type='rs_ag', tensor_par_overlap='ring')
+  tiled = evaluation(llama(), **common)
+  untiled = evaluation(llama(), tensor_par_overlap_rs_dgrad=False, **common)
+  t = {layer.name: layer for layer in tiled.block._layers}
+  u = {layer.name: layer for layer in untiled.block._layers}
+  column = ('AttnBlock_QKV_AG', 'MlpBlock_Mlp1_AG')
+  row = ('AttnBlock_MLP_RS', 'MlpBlock_Mlp2_RS')
+  for name in column:
+    rs = value(u[name].net_time_s('agrad', False))
+    # The reduce-scatter of the whole input gradient: 8192 tokens x 4096 x 2 B.
+    assert value(u[name].comm_bytes('agrad', False)) == 8192 * 4096 * 2
+    assert value(u[name].exposed_time_for_stage_s('agrad')) == rs > 0
+    assert value(t[name].exposed_time_for_stage_s('agrad')) < rs
+    assert value(u[name].processing_time_s('agrad')) == pytest.approx(
+      value(A100.processing_time_s(u[name].flops_time_s('agrad'),
+                                   u[name].kernel_mem_time_s('agrad'))),
+      rel=1e-12)
+  for name in row:
+    assert value(u[name].exposed_time_for_stage_s('agrad')) == value(
+      t[name].exposed_time_for_stage_s('agrad'))
+  for name in column + row:
+    assert value(u[name].exposed_time_for_stage_s('fw')) == value(
+      t[name].exposed_time_for_stage_s('fw'))
+  assert value(untiled.block.fw_time) == value(tiled.block.fw_time)
+  assert value(untiled.block.base_agrad_tp_time) == value(
+    tiled.block.base_agrad_tp_time)
+  assert value(untiled.block.base_agrad_tp_exposed) > value(
+    tiled.block.base_agrad_tp_exposed)
+  assert value(untiled.total_time_s) > value(tiled.total_time_s)
+  # It qualifies a tiled overlap only.
+  exe = dict(BASE_EXE, num_procs=8, tensor_par=8, batch_size=1,
+             tensor_par_overlap_rs_dgrad=False)
+  with pytest.raises(ConfigError, match='tensor_par_overlap_rs_dgrad.*"ring"'):
+    Execution.from_dict(exe)
+  exe['tensor_par_overlap'] = 'ring'
+  assert Execution.from_dict(exe).tensor_par_overlap_rs_dgrad is False
+
+
 def test_pipeline_split_counting_vocab_moves_a_block_off_each_end():
   """Megatron-Core's --account-for-embedding-in-pipeline-split and
   --account-for-loss-in-pipeline-split (transformer_block.py,

@@ -189,6 +189,7 @@ OPTIONAL_SPECS = {
                         CHECKPOINT_LAYOUT_NAMES, 'whole'),
   'param_gather_overlap': (_BOOL, None, False),
   'tensor_par_async_backward': (_BOOL, None, False),
+  'tensor_par_overlap_rs_dgrad': (_BOOL, None, True),
   'pipeline_split_counts_vocab': (_BOOL, None, False),
   'quantization_scaling': (Spec('str', choices=SCALING_NAMES), SCALING_NAMES,
                            'delayed'),
@@ -277,6 +278,13 @@ class Execution:
   its input behind its input-gradient GEMM, as Megatron-LM's
   LinearWithGradAccumulationAndAsyncCommunication and Transformer
   Engine's Linear do; absent: false, Calculon's model, all exposed),
+  tensor_par_overlap_rs_dgrad (with tensor_par_overlap 'ring' or 'pipe':
+  the reduce-scatter, or all-reduce, of each column-parallel layer's input
+  gradient is tiled and overlapped with its input-gradient GEMM like every
+  other TP transfer of the layer; false: it runs whole after that GEMM,
+  exposed, as PyTorch's micro-pipeline TP leaves a reduce-scatter whose
+  input sums several GEMMs' outputs (separate Q, K, V or gate and up
+  projections); absent: true, Calculon's model),
   pipeline_split_counts_vocab (with PP > 1: the pipeline split counts the
   embedding and the LM head with the loss as one block each, so the first
   and the last stage hold one block less, as Megatron-Core's
@@ -358,6 +366,7 @@ class Execution:
   checkpoint_layout: str = 'whole'
   param_gather_overlap: bool = False
   tensor_par_async_backward: bool = False
+  tensor_par_overlap_rs_dgrad: bool = True
   pipeline_split_counts_vocab: bool = False
   quantization_scaling: str = 'delayed'
   recompute_modules: object = 'core_attn'
@@ -765,6 +774,11 @@ RULES = (
              'activation_recompute', RECOMPUTE_NAMES, RECOMPUTE_SELECTIVE,
              'modules are chosen only with "selective"',
              label=lambda label: label.split(',')),
+  Rule('tensor_par_overlap_rs_dgrad',
+       lambda c: ~np.asarray(c.tensor_par_overlap_rs_dgrad, dtype=bool) & (
+         c.tensor_par_overlap == TP_OVERLAP_NONE),
+       lambda c, i: '= false is not allowed: it qualifies a tiled TP '
+       'overlap, which needs tensor_par_overlap = "ring" or "pipe"'),
   Rule('fsdp_buffer_copies',
        lambda c: c.fsdp_buffer_copies & (c.sharding != SHARD_PARAMETERS),
        lambda c, i: '= true is not allowed: the copies are FSDP\'s, which '

@@ -112,6 +112,10 @@ class BlockContext:
     tp_async: the backward communication of plain TP runs behind the
       backward GEMMs of its linear layers (bool or bool array; see
       :class:`TPComm`).
+    tp_overlap_rs_dgrad: with a tiled TP overlap, the reduce-scatter (or
+      all-reduce) of a column-parallel layer's input gradient is tiled
+      too (bool or bool array; false: it runs whole after the input-
+      gradient GEMM, exposed; see :class:`LinearOverlapped`).
   """
 
   def __init__(self, system, dtype, bytes_per_element, optimizer_shards, tp,
@@ -120,7 +124,8 @@ class BlockContext:
                linear_dtype=None, other_dtype=None, io_bytes=None,
                linear_act_bytes=None, linear_weight_bytes=None,
                other_weight_bytes=None, expert_optimizer_shards=None,
-               expert_grad_shards=None, quantize_bytes=0.0, tp_async=False):
+               expert_grad_shards=None, quantize_bytes=0.0, tp_async=False,
+               tp_overlap_rs_dgrad=True):
     self.system = system
     self.dtype = dtype
     self.bytes_per_element = bytes_per_element
@@ -150,6 +155,7 @@ class BlockContext:
     self.expert_grad_shards = given(expert_grad_shards, self.grad_shards)
     self.quantize_bytes = quantize_bytes
     self.tp_async = flag(tp_async)
+    self.tp_overlap_rs_dgrad = flag(tp_overlap_rs_dgrad)
 
 
 class Layer:
@@ -440,6 +446,19 @@ class LinearOverlapped(Layer):
   width is sharded; ``conjugate=True``: reduce-scatter (or all-reduce) after
   it, the input width is sharded.  The GEMM and its communication are cut in
   ``tp`` tiles.
+
+  Where ``ctx.tp_overlap_rs_dgrad`` is false, the backward reduce-scatter
+  (all-reduce) of a ``conjugate=False`` layer's input gradient is not
+  tiled: it runs whole after the input-gradient GEMM and is all exposed.
+  PyTorch's micro-pipeline TP (torch/_inductor/fx_passes/
+  micro_pipeline_tp.py, ``fuse_matmul_reduce_scatter``) decomposes a
+  reduce-scatter only when a single matmul produces its input
+  (``_find_producer_matmul``); where a model keeps the query, key and
+  value projections, or the gate and up projections, as separate linear
+  layers (torchtitan's Llama: ``wq``, ``wk``, ``wv``; ``w1``, ``w3``),
+  autograd sums their input gradients before the reduce-scatter, which
+  therefore stays a plain collective.  Transformer Engine's fused QKV and
+  fc1 GEMMs overlap it (``ub_overlap_rs_dgrad``).
   """
 
   matrix = True
@@ -550,6 +569,8 @@ class LinearOverlapped(Layer):
       plain = system.processing_time_s(flop_time, mem_time)
       if np.ndim(net_time) == 0 and net_time == 0:
         return plain, 0.0
+      untiled = negate(ctx.tp_overlap_rs_dgrad) \
+        if stage == 'agrad' and not self.conjugate else False
       slowed = system.processing_time_s(flop_slowed, mem_time)
       net_tile = net_time / tiles
       compute_tile = plain / tiles
@@ -564,6 +585,8 @@ class LinearOverlapped(Layer):
       time = where(pipe, time + net_tile, time)
       exposed = where(pipe, exposed + net_tile, exposed)
       no_comm = net_time == 0
+      time = where(untiled, plain, time)
+      exposed = where(untiled, net_time, exposed)
       return where(no_comm, plain, time), where(no_comm, 0.0, exposed)
     return self._memo(('tiled', stage), compute)
 

@@ -632,6 +632,7 @@ class Mapper:
       settings['data_par_sharding'][0] in ('parameters', ['parameters'])
     for key in ('moe_dispatcher', 'expert_imbalance', 'gradient_datatype',
                 'param_gather_overlap', 'tensor_par_async_backward',
+                'tensor_par_overlap_rs_dgrad',
                 'quantization_scaling',
                 'fsdp_buffer_copies', 'cross_entropy_kernel'):
       # The scaling the dtype column names (datatypes table) wins.
@@ -959,6 +960,11 @@ def candidate_columns(case):
       cols[key] = np.int64(value)
   cols['seq_par_ag_redo'] = (cols['tensor_par_comm_type'] == TP_COMM_RS_AG) \
     & (cols['activation_recompute'] != RECOMPUTE_FULL)
+  # An untiled input-gradient reduce-scatter qualifies a tiled TP overlap:
+  # candidates without one keep the field's absent value.
+  if 'tensor_par_overlap_rs_dgrad' in cols:
+    cols['tensor_par_overlap_rs_dgrad'] = cols['tensor_par_overlap_rs_dgrad'] \
+      | (cols['tensor_par_overlap'] == TP_OVERLAP_NAMES.index('none'))
   cols['optimizer_sharding'] = None
   cols['attention_type'] = None
   missing = [f for f in FIELDS if f not in cols]
@@ -975,6 +981,8 @@ def execution_at(case, index):
     exe[key] = case.axes[key][i]
   exe['seq_par_ag_redo'] = (exe['tensor_par_comm_type'] == 'rs_ag' and
                             exe['activation_recompute'] != 'full')
+  if exe['tensor_par_overlap'] == 'none':
+    exe.pop('tensor_par_overlap_rs_dgrad', None)
   if 'recompute_modules' in exe:
     exe['recompute_modules'] = json_value('recompute_modules',
                                           exe['recompute_modules'])
