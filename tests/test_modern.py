@@ -1061,6 +1061,52 @@ def test_untiled_rs_dgrad_exposes_the_input_gradient_reduce_scatter():
   assert Execution.from_dict(exe).tensor_par_overlap_rs_dgrad is False
 
 
+def test_narrow_all_gather_moves_float8_bytes():
+  """torchao's float8 tensor-parallel styles, which torchtitan applies
+  with float8 and TP (PrepareFloat8ModuleInput, Float8ColwiseParallel,
+  Float8RowwiseParallel), cast the block input to float8 before its
+  sequence-parallel all-gather and a row-parallel layer's output gradient
+  before its backward all-gather: those move 1 byte per element, the
+  reduce-scatters 2.  Hand count for TP 8, 8192 tokens x 4096: f's
+  forward all-gather and its recomputation 32 MiB (64 MiB in 16-bit), g's
+  backward all-gather 32 MiB, every reduce-scatter 64 MiB."""
+  common = dict(tensor_par=8, tensor_par_net=0, batch_size=1,
+                datatype='float8', precision_recipe='transformer_engine',
+                tensor_par_comm_type='rs_ag', activation_recompute='full')
+  wide = evaluation(llama(), H100, **common)
+  narrow = evaluation(llama(), H100, tensor_par_narrow_all_gather=True,
+                      **common)
+  w = {layer.name: layer for layer in wide.block._layers}
+  n = {layer.name: layer for layer in narrow.block._layers}
+  act = 8192 * 4096
+  for f in ('AttnBlock_F', 'MlpBlock_F'):
+    assert value(w[f].comm_bytes('fw', False)) == 2 * act
+    assert value(n[f].comm_bytes('fw', False)) == act
+    assert value(n[f].comm_bytes('wgrad', False)) == act
+    assert value(n[f].comm_bytes('agrad', False)) == 2 * act
+  for g in ('AttnBlock_G', 'MlpBlock_G'):
+    assert value(n[g].comm_bytes('fw', False)) == 2 * act
+    assert value(n[g].comm_bytes('agrad', False)) == act
+    assert value(n[g].comm_bytes('wgrad', False)) == 2 * act
+  assert value(narrow.block.fw_flops) == value(wide.block.fw_flops)
+  assert value(narrow.total_time_s) < value(wide.total_time_s)
+  # Tiled overlap: the column-parallel layers gather narrow, the
+  # row-parallel ones' backward all-gather too; reduce-scatters 16-bit.
+  ring = dict(common, tensor_par_overlap='ring')
+  n = {layer.name: layer for layer in evaluation(
+    llama(), H100, tensor_par_narrow_all_gather=True, **ring).block._layers}
+  assert value(n['MlpBlock_Mlp1_AG'].comm_bytes('fw', False)) == act
+  assert value(n['MlpBlock_Mlp1_AG'].comm_bytes('agrad', False)) == 2 * act
+  assert value(n['MlpBlock_Mlp2_RS'].comm_bytes('fw', False)) == 2 * act
+  assert value(n['MlpBlock_Mlp2_RS'].comm_bytes('agrad', False)) == act
+  # Only the narrow recipe has narrow GEMM inputs to gather.
+  exe = dict(BASE_EXE, num_procs=8, tensor_par=8, batch_size=1,
+             tensor_par_narrow_all_gather=True)
+  with pytest.raises(ConfigError,
+                     match='tensor_par_narrow_all_gather.*transformer_engine'):
+    Execution.from_dict(exe)
+
+
 def test_pipeline_split_counting_vocab_moves_a_block_off_each_end():
   """Megatron-Core's --account-for-embedding-in-pipeline-split and
   --account-for-loss-in-pipeline-split (transformer_block.py,

@@ -190,6 +190,7 @@ OPTIONAL_SPECS = {
   'param_gather_overlap': (_BOOL, None, False),
   'tensor_par_async_backward': (_BOOL, None, False),
   'tensor_par_overlap_rs_dgrad': (_BOOL, None, True),
+  'tensor_par_narrow_all_gather': (_BOOL, None, False),
   'pipeline_split_counts_vocab': (_BOOL, None, False),
   'quantization_scaling': (Spec('str', choices=SCALING_NAMES), SCALING_NAMES,
                            'delayed'),
@@ -285,6 +286,15 @@ class Execution:
   exposed, as PyTorch's micro-pipeline TP leaves a reduce-scatter whose
   input sums several GEMMs' outputs (separate Q, K, V or gate and up
   projections); absent: true, Calculon's model),
+  tensor_par_narrow_all_gather (with the transformer_engine recipe and
+  sequence parallelism: the TP all-gathers that feed a narrow GEMM -- the
+  block input before the column-parallel layers, forward and recomputed,
+  and the output gradient before the row-parallel layers' backward GEMMs
+  -- carry the narrow datatype's bytes, cast on each rank's shard before
+  the gather, as torchao's float8 tensor-parallel styles do
+  (PrepareFloat8ModuleInput, Float8ColwiseParallel, Float8RowwiseParallel);
+  reduce-scatters and all-reduces stay 16-bit; absent: false, every TP
+  transfer 16-bit),
   pipeline_split_counts_vocab (with PP > 1: the pipeline split counts the
   embedding and the LM head with the loss as one block each, so the first
   and the last stage hold one block less, as Megatron-Core's
@@ -367,6 +377,7 @@ class Execution:
   param_gather_overlap: bool = False
   tensor_par_async_backward: bool = False
   tensor_par_overlap_rs_dgrad: bool = True
+  tensor_par_narrow_all_gather: bool = False
   pipeline_split_counts_vocab: bool = False
   quantization_scaling: str = 'delayed'
   recompute_modules: object = 'core_attn'
@@ -779,6 +790,11 @@ RULES = (
          c.tensor_par_overlap == TP_OVERLAP_NONE),
        lambda c, i: '= false is not allowed: it qualifies a tiled TP '
        'overlap, which needs tensor_par_overlap = "ring" or "pipe"'),
+  Rule('tensor_par_narrow_all_gather',
+       lambda c: np.asarray(c.tensor_par_narrow_all_gather, dtype=bool) & (
+         c.precision_recipe != RECIPE_TE),
+       lambda c, i: '= true is not allowed: only the "transformer_engine" '
+       'precision recipe has narrow GEMM inputs to gather'),
   Rule('fsdp_buffer_copies',
        lambda c: c.fsdp_buffer_copies & (c.sharding != SHARD_PARAMETERS),
        lambda c, i: '= true is not allowed: the copies are FSDP\'s, which '

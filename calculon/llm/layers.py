@@ -112,6 +112,10 @@ class BlockContext:
     tp_async: the backward communication of plain TP runs behind the
       backward GEMMs of its linear layers (bool or bool array; see
       :class:`TPComm`).
+    tp_narrow_all_gather: TP all-gathers that feed a GEMM (f's forward,
+      g's backward) carry ``linear_act_bytes`` per element instead of
+      ``io_bytes`` (the input cast before the gather: torchao's float8 TP
+      styles); reduce-scatters and all-reduces keep ``io_bytes``.
     tp_overlap_rs_dgrad: with a tiled TP overlap, the reduce-scatter (or
       all-reduce) of a column-parallel layer's input gradient is tiled
       too (bool or bool array; false: it runs whole after the input-
@@ -125,7 +129,7 @@ class BlockContext:
                linear_act_bytes=None, linear_weight_bytes=None,
                other_weight_bytes=None, expert_optimizer_shards=None,
                expert_grad_shards=None, quantize_bytes=0.0, tp_async=False,
-               tp_overlap_rs_dgrad=True):
+               tp_overlap_rs_dgrad=True, tp_narrow_all_gather=False):
     self.system = system
     self.dtype = dtype
     self.bytes_per_element = bytes_per_element
@@ -156,6 +160,10 @@ class BlockContext:
     self.quantize_bytes = quantize_bytes
     self.tp_async = flag(tp_async)
     self.tp_overlap_rs_dgrad = flag(tp_overlap_rs_dgrad)
+    #: Bytes per element of a TP all-gather feeding a GEMM: the narrow
+    #: datatype's where the gather carries the cast input.
+    self.tp_gather_bytes = where(flag(tp_narrow_all_gather),
+                                 self.linear_act_bytes, self.io_bytes)
 
 
 class Layer:
@@ -499,13 +507,13 @@ class LinearOverlapped(Layer):
   def comm_bytes(self, stage, edge):
     def compute():
       split = self._split(edge)
-      bpe = self.bpe
-      gather = self.inputs * bpe
-      reduce = self.outputs * bpe
+      bpe, gbpe = self.bpe, self.ctx.tp_gather_bytes
       if stage == 'fw':
-        out = reduce if self.conjugate else where(split, gather, 0.0)
+        out = self.outputs * bpe if self.conjugate else \
+          where(split, self.inputs * gbpe, 0.0)
       elif stage == 'agrad':
-        out = where(split, reduce, 0.0) if self.conjugate else gather
+        out = where(split, self.outputs * gbpe, 0.0) if self.conjugate \
+          else self.inputs * bpe
       elif stage == 'wgrad':
         out = where(self.recomm, self.comm_bytes('fw', edge), 0.0)
       else:
@@ -786,12 +794,16 @@ class TPComm(Layer):
     def compute():
       split = self._split(edge)
       full = self.size * self.bpe
+      # The all-gather (sequence parallelism's) of f's forward and g's
+      # backward feeds GEMMs: in the narrow datatype where it carries
+      # their cast input (ctx.tp_gather_bytes).
+      gathered = self.size * self.ctx.tp_gather_bytes
       if stage in ('fw', 'agrad'):
         silent = (stage == 'agrad') if self.conjugate else (stage == 'fw')
-        out = where(split, full, 0.0) if silent else full
+        out = where(split, gathered, 0.0) if silent else full
       elif stage == 'wgrad':
-        cond = self.recomm if self.conjugate else (self.recomm & split)
-        out = where(cond, full, 0.0)
+        out = where(self.recomm, full, 0.0) if self.conjugate else \
+          where(self.recomm & split, gathered, 0.0)
       else:
         out = 0.0
       return where(self.ctx.tp > 1, out, 0.0)

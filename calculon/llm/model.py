@@ -209,7 +209,8 @@ class Evaluation:
                                    e.quantization_scaling, e.training),
         0.0)),
       tp_async=e.tensor_par_async_backward,
-      tp_overlap_rs_dgrad=e.tensor_par_overlap_rs_dgrad)
+      tp_overlap_rs_dgrad=e.tensor_par_overlap_rs_dgrad,
+      tp_narrow_all_gather=e.tensor_par_narrow_all_gather)
     self.pp_usage = nets.usage(e.pipeline_par_net)
     self.dp_usage = nets.usage(e.data_par_net)
     self.cp_usage = nets.usage(e.context_par_net)
