@@ -151,7 +151,7 @@ def test_framework_loss_and_fsdp_copies_from_the_rules(suite):
   assert 'cross_entropy_kernel' not in case(suite, 'black-01').fixed
 
 
-def test_torchtitan_async_tp_from_the_name_or_the_notes(suite):
+def test_torchtitan_async_tp_and_narrow_all_gathers(suite):
   """torchtitan's async TP is read from the model name ('AsyncTP') or from
   the features its notes list ('+ AsyncTP': the 405B runs of its Table 5
   and 6); either way the input-gradient reduce-scatters stay whole
@@ -175,6 +175,12 @@ def test_torchtitan_async_tp_from_the_name_or_the_notes(suite):
               'torchtitan-22'):
     assert case(suite, rid).fixed['tensor_par_narrow_all_gather'] is True
   for rid in ('torchtitan-14', 'torchtitan-15', 'torchtitan-21'):
+    assert 'tensor_par_narrow_all_gather' not in case(suite, rid).fixed
+  # Transformer Engine gathers the FP8 norm output and the FP8 output
+  # gradient too (layernorm_linear.py, base.py grad_output_preprocess).
+  for rid in ('nemo-03', 'nvidia-02', 'megatron-bridge-01'):
+    assert case(suite, rid).fixed['tensor_par_narrow_all_gather'] is True
+  for rid in ('megatron-moe-modelzoo-04', 'megatron-bridge-14'):
     assert 'tensor_par_narrow_all_gather' not in case(suite, rid).fixed
 
 
@@ -460,7 +466,7 @@ def test_published_summary(results):
 
 #: docs/accuracy.md, "Before calibration": median |delta| over the priced
 #: rows.
-DOC_MEDIAN = 10.7
+DOC_MEDIAN = 10.9
 
 
 def test_cli_unseen_sources_are_priced(tmp_path):
