@@ -184,6 +184,17 @@ def test_torchtitan_async_tp_and_narrow_all_gathers(suite):
     assert 'tensor_par_narrow_all_gather' not in case(suite, rid).fixed
 
 
+def test_nemo_containers_before_the_expert_overlap(suite):
+  """Megatron-Core's overlap of the expert all-to-alls with another
+  microbatch's compute arrived in 2025-08/09 (Megatron-Bridge PR #497):
+  MoE rows from NeMo 25.02/25.04 containers send them exposed, while a
+  26.06 row whose recipe states 'EP A2A overlap' hides them."""
+  for rid in ('nvidia-03', 'nvidia-08'):
+    assert case(suite, rid).axes['moe_comm_overlap'] == ['none'], rid
+  assert case(suite, 'megatron-bridge-19').axes['moe_comm_overlap'] == \
+    ['compute']
+
+
 def test_async_tp_row_without_tensor_parallelism_is_priced(tmp_path):
   """The untiled reduce-scatter qualifies a tiled overlap only: an
   async-TP row run without TP (no TP collective to overlap) is priced
