@@ -58,6 +58,8 @@ def test_conventions_are_checked(tmp_path):
       ("hardware:\n  - match: '(unclosed'\n    system: b200\n",
        'regular expression'),
       ("datatypes:\n  - match: 'fp8'\n    datatype: float7\n", 'float7'),
+      ("approximations:\n  - match: {notes: 'x'}\n    unless_model: window\n"
+       "    text: 'y'\n", 'unless_model'),
       ("hardware:\n  - match: 'H100'\n    system: h100_sxm_80g\n"
        "    attention_kernels: {fa9: 0.5}\n", 'fa9'),
       ("hardware:\n  - match: 'H100'\n    system: h100_sxm_80g\n"
@@ -264,6 +266,10 @@ def test_gpt_oss_rows_get_the_banded_window(suite):
   assert (app['sliding_window'], app['sliding_window_blocks'],
           app['num_blocks']) == (128, 18, 36)
   assert 'sliding_window' not in case(suite, 'megatron-bridge-07').app
+  # The model prices the windows, so the notes' 'sliding-window' no longer
+  # marks the row approximate (the approximation's unless_model).
+  assert not any('sliding-window' in a for a in
+                 case(suite, 'megatron-bridge-19').approximations)
 
 
 def test_recompute_modules_from_the_recompute_column(suite):

@@ -112,7 +112,10 @@ class Conventions:
       (``module``); every entry matching a selective row's recompute text
       adds its module.
     sp_yes, sp_no: patterns of the seq_parallel column.
-    rules: list of :class:`Rule`; approximations: list of (Rule, text).
+    rules: list of :class:`Rule`; approximations: list of (Rule, text,
+      unless_model): the text applies to a matching row unless its priced
+      application sets one of the ``unless_model`` fields (the model
+      prices that feature for it).
   """
   path: str
   defaults: dict
@@ -217,7 +220,7 @@ def _rules(path, doc, name, text_key=None):
             'patterns')
     _check_keys(path, where, entry,
                 {'name', 'match', 'set', 'why', 'any'} if text_key is None
-                else {'match', 'text', 'any'})
+                else {'match', 'text', 'any', 'unless_model'})
     match = {}
     for col, pattern in entry['match'].items():
       if col not in MATCH_COLUMNS:
@@ -233,8 +236,13 @@ def _rules(path, doc, name, text_key=None):
       out.append(Rule(str(entry.get('name', where)), match, dict(settings),
                       str(entry.get('why', '')), bool(entry.get('any'))))
     else:
+      unless = entry.get('unless_model', [])
+      if not isinstance(unless, list) or not all(
+          isinstance(u, str) for u in unless):
+        _fail(path, f'{where}.unless_model', unless,
+              'a list of application fields')
       out.append((Rule(where, match, {}, '', bool(entry.get('any'))),
-                  str(entry.get('text', ''))))
+                  str(entry.get('text', '')), tuple(unless)))
   return out
 
 

@@ -560,8 +560,8 @@ class Mapper:
     case.app = app
     system = self.system_json(case)
     self._datatype(case, system)
-    for rule, text_ in self.conv.approximations:
-      if rule.applies(row):
+    for rule, text_, unless in self.conv.approximations:
+      if rule.applies(row) and not any(app.get(k) for k in unless):
         case.approximations.append(text_)
     self._execution(case, facts, system)
     return case
