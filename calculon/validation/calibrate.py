@@ -353,7 +353,7 @@ def _grid_times(case, cfg, theta):
   exe = candidate_columns(case)
   system = ScaledSystem(cfg, {k: v for k, v in theta.items()
                               if k not in OVERHEADS}, ndim=len(exe.shape))
-  ev = evaluate_columns(case.app, system, exe, validate=False)
+  ev = evaluate_columns(case.priced_app, system, exe, validate=False)
   shape = exe.shape
   with np.errstate(all='ignore'):
     t = layer_time_s(ev) if case.metric == 'layer_fwd_plus_bwd_ms' \
@@ -452,7 +452,7 @@ def linearize(case, cfg, lin, measured_s, system_name):
         points.append(point)
   theta = {k: np.array([p[k] for p in points]) for k in names}
   system = ScaledSystem(cfg, theta, ndim=1)
-  ev = evaluate_columns(case.app, system, cols, validate=False)
+  ev = evaluate_columns(case.priced_app, system, cols, validate=False)
   with np.errstate(all='ignore'):
     times = layer_time_s(ev) if case.metric == 'layer_fwd_plus_bwd_ms' \
       else ev.total_time_s

@@ -187,6 +187,9 @@ class Case:
       converted (approximate: the vocabulary or the convention is assumed).
     measured_s: measured batch (or layer) time in seconds (set when the
       system is known).
+    priced_blocks: blocks the engine prices when they differ from the
+      model's (an uneven pipeline layout priced by its largest virtual
+      stage; see :attr:`priced_app`), else None.
   """
   row: dict
   id: str = ''
@@ -204,6 +207,16 @@ class Case:
   flops_convention: str = 'model_full'
   flops_approximate: bool = False
   measured_s: float = None
+  priced_blocks: int = None
+
+  @property
+  def priced_app(self):
+    """The application the engine prices: :attr:`app`, with
+    :attr:`priced_blocks` blocks where set (the measured figure's FLOP
+    conversion keeps the model's own count)."""
+    if self.priced_blocks is None or self.app is None:
+      return self.app
+    return dict(self.app, num_blocks=self.priced_blocks)
 
   @property
   def metric(self):
@@ -733,16 +746,21 @@ class Mapper:
       axes['pipeline_interleaving'] = [1]
     elif vp is not None:
       if per_stage % vp:
-        near = min(divisors, key=lambda x: abs(math.log(x / vp)))
+        # The framework lays the blocks out over PP x VP virtual stages as
+        # evenly as it can (an explicit layout); the slowest stage holds
+        # VP chunks of the largest size.  Every stage is priced with that
+        # (the bubble and the PP transfers at the stated VP).
+        chunk = -(-per_stage // vp)
+        case.priced_blocks = chunk * vp * pp - (blocks - app['num_blocks'])
         case.approximations.append(
           f'VP {vp} does not divide the {per_stage} blocks per stage (the '
-          f'framework lays stages out unevenly): priced with VP {near}')
-        vp = near
+          f'framework lays stages out unevenly): every stage priced with '
+          f'{chunk * vp} blocks, {chunk} per virtual stage (the largest)')
       axes['pipeline_interleaving'] = [vp]
     else:
       axes['pipeline_interleaving'] = from_rule('pipeline_interleaving',
                                                 divisors, divisors)
-    if blocks % pp:
+    if blocks % pp and case.priced_blocks is None:
       case.approximations.append(f'{blocks} blocks over PP = {pp} stages: '
                                  'every stage priced with the largest share')
     # Recomputation.

@@ -151,7 +151,8 @@ def case_times(case, system):
   """
   from calculon.llm import evaluate_columns
   exe = candidate_columns(case)
-  ev = evaluate_columns(case.app, system, exe, source=f'run {case.id}')
+  ev = evaluate_columns(case.priced_app, system, exe,
+                        source=f'run {case.id}')
   shape = exe.shape
   with np.errstate(all='ignore'):
     if case.metric == 'layer_fwd_plus_bwd_ms':
