@@ -350,6 +350,33 @@ def test_search_with_fsdp_buffer_copies():
   assert {'parameters', 'optimizer'} <= seen
 
 
+def test_search_gathers_narrow_inputs_with_transformer_engine():
+  """The modern space's Transformer Engine candidates all-gather their
+  quantized GEMM inputs (TE gathers the FP8 norm output and output
+  gradient), so their records carry tensor_par_narrow_all_gather; a
+  16-bit search's records leave it out; pruning stays exact."""
+  cfg = load_json(repo('systems', 'h100_sxm_80g.json'))
+  spec = dict(app=Application.from_dict(MODERN_APP), system=System(cfg),
+              num_procs=4, max_batch_size=4, space='modern')
+  narrow = dict(spec, datatype='float8')
+  full = S.optimal_executions(S.SearchSpec(prune=False, **narrow), 20)
+  pruned = S.optimal_executions(S.SearchSpec(prune=True, **narrow), 20)
+  assert pruned.best == full.best
+  seen = 0
+  for rec in _records_per_value(S.SearchSpec(prune=True, **narrow),
+                                'activation_recompute'):
+    assert rec['precision_recipe'] == 'transformer_engine'
+    assert rec['tensor_par_narrow_all_gather'] is True
+    seen += 1
+  assert seen
+  wide = S.SearchSpec(prune=True, **dict(spec, datatype='bfloat16'))
+  seen = 0
+  for rec in _records_per_value(wide, 'activation_recompute'):
+    assert 'tensor_par_narrow_all_gather' not in rec
+    seen += 1
+  assert seen
+
+
 def test_search_with_unfused_cross_entropy():
   """cross_entropy_kernel 'unfused': every candidate of the modern space
   pays the float32 loss kernels, so the best rate falls and its record

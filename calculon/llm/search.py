@@ -393,6 +393,11 @@ def columns(spec, chunk):
     # LinearWithGradAccumulationAndAsyncCommunication, Transformer Engine
     # Linear); it acts only with TP > 1 and tensor_par_overlap 'none'.
     cols['tensor_par_async_backward'] = np.bool_(True)
+    # Transformer Engine all-gathers the quantized GEMM inputs of a narrow
+    # recipe (the FP8 norm output, the FP8 output gradient: TE
+    # module/layernorm_linear.py, module/base.py grad_output_preprocess).
+    cols['tensor_par_narrow_all_gather'] = np.bool_(
+      spec.precision_recipe == 'transformer_engine')
     # Where PP divides the blocks plus two and not the blocks alone, the
     # split counts the embedding and the LM head as a block each
     # (Megatron-Core --account-for-embedding-in-pipeline-split and
@@ -626,6 +631,7 @@ def execution_record(spec, group, flat):
     record.pop('recompute_modules', None)
   if record.get('precision_recipe') != 'transformer_engine':
     record.pop('quantization_scaling', None)
+    record.pop('tensor_par_narrow_all_gather', None)
   if record.get('data_par_sharding') != 'parameters':
     record.pop('fsdp_buffer_copies', None)
   return record
