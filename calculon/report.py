@@ -186,7 +186,7 @@ def header_lines(data):
                       'precision_recipe', 'quantization_scaling',
                       'recompute_modules', 'fsdp_buffer_copies',
                       'tensor_par_overlap_rs_dgrad',
-                      'tensor_par_narrow_all_gather',
+                      'tensor_par_narrow_all_gather', 'narrow_param_gather',
                       'cross_entropy_kernel',
                       'gradient_datatype', 'expert_par',
                       'expert_tensor_par', 'moe_dispatcher',

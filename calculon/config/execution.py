@@ -191,6 +191,7 @@ OPTIONAL_SPECS = {
   'tensor_par_async_backward': (_BOOL, None, False),
   'tensor_par_overlap_rs_dgrad': (_BOOL, None, True),
   'tensor_par_narrow_all_gather': (_BOOL, None, False),
+  'narrow_param_gather': (_BOOL, None, False),
   'pipeline_split_counts_vocab': (_BOOL, None, False),
   'quantization_scaling': (Spec('str', choices=SCALING_NAMES), SCALING_NAMES,
                            'delayed'),
@@ -295,6 +296,12 @@ class Execution:
   (PrepareFloat8ModuleInput, Float8ColwiseParallel, Float8RowwiseParallel);
   reduce-scatters and all-reduces stay 16-bit; absent: false, every TP
   transfer 16-bit),
+  narrow_param_gather (with the transformer_engine recipe and a sharded
+  optimizer: the updated weights of the linear layers are all-gathered in
+  the narrow datatype, Megatron-Core's --fp8-param-gather, which keeps
+  them as FP8 tensors; absent: false, in 16-bit, TE casting its narrow
+  copy after the gather; the bytes kept in memory are unchanged, an upper
+  bound),
   pipeline_split_counts_vocab (with PP > 1: the pipeline split counts the
   embedding and the LM head with the loss as one block each, so the first
   and the last stage hold one block less, as Megatron-Core's
@@ -378,6 +385,7 @@ class Execution:
   tensor_par_async_backward: bool = False
   tensor_par_overlap_rs_dgrad: bool = True
   tensor_par_narrow_all_gather: bool = False
+  narrow_param_gather: bool = False
   pipeline_split_counts_vocab: bool = False
   quantization_scaling: str = 'delayed'
   recompute_modules: object = 'core_attn'
@@ -795,6 +803,11 @@ RULES = (
          c.precision_recipe != RECIPE_TE),
        lambda c, i: '= true is not allowed: only the "transformer_engine" '
        'precision recipe has narrow GEMM inputs to gather'),
+  Rule('narrow_param_gather',
+       lambda c: np.asarray(c.narrow_param_gather, dtype=bool) & (
+         c.precision_recipe != RECIPE_TE),
+       lambda c, i: '= true is not allowed: only the "transformer_engine" '
+       'precision recipe has narrow weights to gather'),
   Rule('fsdp_buffer_copies',
        lambda c: c.fsdp_buffer_copies & (c.sharding != SHARD_PARAMETERS),
        lambda c, i: '= true is not allowed: the copies are FSDP\'s, which '

@@ -686,18 +686,46 @@ class Evaluation:
     2020, section 7.2), else an all-reduce, over the DP x CP ranks on the
     DP tier (routed experts over their expert data-parallel ranks)."""
     reduce = self._grad_reduce_bytes(totals)
-    gather = totals.weight_bytes
+    gather = self._param_gather_bytes(totals.weight_bytes,
+                                      totals.weight_elems)
+    expert_gather = self._param_gather_bytes(totals.expert_weight_bytes,
+                                             totals.expert_weight_elems)
     if not self.app.is_moe:
       t, ag = self._dp_group_time_s(reduce, gather, self.dpcp)
     else:
       t, ag = self._dp_group_time_s(
-        reduce, gather - totals.expert_weight_bytes, self.dpcp)
+        reduce, gather - expert_gather, self.dpcp)
       t2, ag2 = self._dp_group_time_s(
-        self._grad_reduce_bytes(totals, True), totals.expert_weight_bytes,
+        self._grad_reduce_bytes(totals, True), expert_gather,
         self.edp, experts=True)
       t, ag = t + t2, ag + ag2
     active = self._dp_active
     return np.where(active, t, 0), np.where(active, ag, 0)
+
+  def _param_gather_bytes(self, weight_bytes, weight_elems):
+    """Bytes of the updated weights the sharded optimizer all-gathers:
+    the weights as kept (Calculon's), except under the Transformer Engine
+    recipe, whose kept bytes include each linear layer's narrow copy: the
+    optimizer gathers the 16-bit parameters and Transformer Engine casts
+    its narrow copy from them after the gather (Megatron-Core's
+    distributed optimizer gathers its parameter buffer, in the
+    parameters' datatype: megatron/core/distributed/
+    param_and_grad_buffer.py), or, with ``narrow_param_gather``
+    (--fp8-param-gather: the linear layers' parameters kept as FP8
+    tensors), the linear layers' weights in the narrow datatype."""
+    te = self.exe.precision_recipe == RECIPE_TE
+    if not np.any(te):
+      return weight_bytes
+    io, narrow = self.io_bytes, self.bytes_per_element
+    wide = weight_elems * io
+    # With narrow_param_gather the linear layers' weights travel narrow
+    # (Megatron-Core --fp8-param-gather): their count is the kept narrow
+    # copy's bytes over the narrow width.
+    with np.errstate(divide='ignore', invalid='ignore'):
+      linear = np.where(te, (weight_bytes - wide) / narrow, 0)
+    gathered = np.where(np.asarray(self.exe.narrow_param_gather, dtype=bool),
+                        wide - linear * (io - narrow), wide)
+    return np.where(te, gathered, weight_bytes)
 
   def _dp_time_s(self, totals):
     """End-of-batch DP communication of the weights of ``totals`` (the

@@ -64,6 +64,7 @@ SETTINGS = {
   'tensor_par_async_backward': 'bool',
   'tensor_par_overlap_rs_dgrad': 'bool',
   'tensor_par_narrow_all_gather': 'bool',
+  'narrow_param_gather': 'bool',
   # Whether the pipeline split counts the embedding and the LM head as a
   # block each: 'always', 'never', or 'when_uneven' (only where PP divides
   # the blocks plus two and not the blocks alone: Megatron-Core splits

@@ -646,13 +646,15 @@ class Mapper:
     for key in ('moe_dispatcher', 'expert_imbalance', 'gradient_datatype',
                 'param_gather_overlap', 'tensor_par_async_backward',
                 'tensor_par_overlap_rs_dgrad', 'tensor_par_narrow_all_gather',
+                'narrow_param_gather',
                 'quantization_scaling',
                 'fsdp_buffer_copies', 'cross_entropy_kernel'):
       # The scaling the dtype column names (datatypes table) wins.
       if key == 'quantization_scaling' and (not narrow or key in fixed):
         continue
       # Narrow all-gathers exist only where the GEMMs take narrow inputs.
-      if key == 'tensor_par_narrow_all_gather' and not narrow:
+      if key in ('tensor_par_narrow_all_gather', 'narrow_param_gather') \
+          and not narrow:
         continue
       # FSDP's copies exist only where the rule shards the parameters.
       if key == 'fsdp_buffer_copies' and not fsdp:
