@@ -390,3 +390,37 @@ def test_a_parameter_must_pay_for_itself():
       assert (after < before) == C.pays_for_itself(gain, 1.0, n)
   assert not C.pays_for_itself(0.5, 0.0, 15)
   assert not C.pays_for_itself(0.5, 1.0, 1)
+
+
+def test_nothing_paying_for_itself_keeps_the_population_centres(
+    tmp_path, monkeypatch):
+  """When no parameter pays for itself on a cluster's runs, its calibrated
+  file carries the other clusters' centres (as cross-validation's folds
+  take them: 'pooled prior, own runs fit nothing'), with a note saying
+  so; without other clusters there is nothing to write (one-line error)."""
+  from calculon.errors import ConfigError
+  rows = two_cluster_rows(tmp_path, {'matrix': 0.8, 'net0': 0.8,
+                                     'net1': 0.7, 'per_microbatch_s': 0.004})
+  suite = P.Suite(ROOT, [write_csv(tmp_path / 'r.csv', rows)])
+  prepared = C.prepare(suite)
+  others = [r for r in prepared.runs if r.system == 'a100_sxm_80g']
+  centre = C.population_centre(others)
+  cases = C.select_runs(suite, 'h100_sxm_80g')
+  real = C.auto_parameters
+  monkeypatch.setattr(
+    C, 'auto_parameters', lambda runs, prior, *a, **k: (
+      ([], ['none pays']) if runs[0].system != 'a100_sxm_80g'
+      else real(runs, prior, *a, **k)))
+  result = C.calibrate_system(suite, H100, cases, cv=(), population=others)
+  assert result.fit.names == []
+  assert centre
+  for k, v in centre.items():
+    assert result.fit.theta[k] == pytest.approx(v, rel=1e-12), k
+  assert result.centre == centre
+  assert any('no parameter pays for itself' in n
+             for n in result.calibrated['notes'])
+  # The written file is the datasheet file with those centres applied.
+  assert all(v != 1.0 for v in centre.values())
+  assert result.calibrated != H100
+  with pytest.raises(ConfigError, match='determine no parameter: none pays'):
+    C.calibrate_system(suite, H100, cases, cv=())

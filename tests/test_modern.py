@@ -1108,7 +1108,9 @@ def test_narrow_all_gather_moves_float8_bytes():
 
 
 def test_sharded_optimizer_gathers_parameters_not_narrow_copies():
-  """Megatron-Core's distributed optimizer all-gathers its parameter
+  """Under Transformer Engine the DP reduce-scatter moves the gradients of
+  the 16-bit weights, and Megatron-Core's distributed optimizer all-gathers
+  its parameter
   buffer (megatron/core/distributed/param_and_grad_buffer.py): the 16-bit
   weights, Transformer Engine casting its FP8 copy after the gather (the
   FP8 copy is kept, not sent); with --fp8-param-gather (narrow_param_gather)
@@ -1127,6 +1129,8 @@ def test_sharded_optimizer_gathers_parameters_not_narrow_copies():
   assert value(b.weight_bytes) == 3 * linear + 2 * other
   assert value(te._param_gather_bytes(b.weight_bytes, b.weight_elems)) == \
     2 * (linear + other)
+  # The gradients are those of the 16-bit weights: 2 bytes each.
+  assert value(te._grad_reduce_bytes(b)) == 2 * (linear + other)
   fp8 = evaluation(llama(), H100, narrow_param_gather=True, **common)
   assert value(fp8._param_gather_bytes(b.weight_bytes, b.weight_elems)) == \
     linear + 2 * other

@@ -624,7 +624,10 @@ class Evaluation:
     """Bytes of gradients of ``totals`` (a BlockTotals) reduced over DP:
     Calculon reduces them in the weights' datatype; with an explicit
     ``gradient_datatype`` in that precision (Megatron-LM reduces fp32 main
-    gradients unless --grad-reduce-in-bf16).  ``experts``: only the
+    gradients unless --grad-reduce-in-bf16); under the Transformer Engine
+    recipe, whose kept weight bytes include each linear layer's narrow
+    copy, in the 16-bit datatype of the parameters they belong to (the
+    narrow copy has no gradient of its own).  ``experts``: only the
     routed experts' (else all but them)."""
     wb, we = totals.weight_bytes, totals.weight_elems
     if self.app.is_moe:
@@ -636,9 +639,12 @@ class Evaluation:
     elif experts:
       return 0.0
     unset = self.exe.gradient_datatype == UNSET
-    if np.all(unset):
+    # Calculon's gradients are the kept weights' bytes, except the narrow
+    # copies Transformer Engine keeps besides the 16-bit weights.
+    kept = unset & (self.exe.precision_recipe != RECIPE_TE)
+    if np.all(kept):
       return wb
-    return np.where(unset, wb, we * self.grad_bytes)
+    return np.where(kept, wb, we * self.grad_bytes)
 
   def _dp_peers_per_domain(self, group, experts=False):
     """Ranks of a data-parallel group (``group`` ranks on the DP tier ``t``)

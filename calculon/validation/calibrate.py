@@ -1210,7 +1210,10 @@ def calibrate_system(suite, cfg, cases, names=None, sigma=PRIOR_SIGMA,
   dropped = []
   if names is None:
     names, dropped = auto_parameters(runs, prior)
-    if not names:
+    # Nothing pays for itself: with the other clusters' centres, those are
+    # the calibration (as cross-validation's folds take them); without,
+    # there is nothing to write.
+    if not names and not centre:
       raise ConfigError('the runs determine no parameter: ' + '; '.join(
         dropped or ['too few runs']), field='params')
   else:
@@ -1222,7 +1225,14 @@ def calibrate_system(suite, cfg, cases, names=None, sigma=PRIOR_SIGMA,
         'cannot determine them: ' + '; '.join(reasons) + ' (fit fewer '
         'parameters, or give more runs)', field='params',
         value=','.join(names))
-  result, runs = fit_refined(runs, names, prior, sigma, refine)
+  if names:
+    result, runs = fit_refined(runs, names, prior, sigma, refine)
+  else:
+    result = Fit(names=[], theta=dict(prior), stderr={},
+                 correlation=np.zeros((0, 0)), warnings=[],
+                 residuals=np.array([math.log(surrogate_time(r, prior) /
+                                              r.measured_s) for r in runs]),
+                 runs=len(runs), prior=dict(prior))
   rows = []
   step, mb = file_overheads(base)
   for r in runs:
@@ -1269,8 +1279,10 @@ def note_text(result, runs, extra=None):
   parts = [f'{k} = {_fmt(result.theta[k], k)} +/- '
            f'{_fmt(result.stderr.get(k, float("nan")), k)}'
            for k in result.names]
+  fitted = '; '.join(parts) if parts else (
+    'no parameter pays for itself, so only the prior centres below apply')
   text = (f'Calibrated (calculon calibrate) on {runs} measured run(s): '
-          + '; '.join(parts) + '. Scales multiply the efficiencies of the '
+          + fitted + '. Scales multiply the efficiencies of the '
           'uncalibrated file (clamped to 1); overheads in seconds.')
   return [text] + ([extra] if extra else [])
 
