@@ -713,6 +713,16 @@ def _only_with(field, names, default, other, other_names, needed, why,
   return Rule(field, bad, message)
 
 
+def _te_only(field, what):
+  """A :class:`Rule`: boolean ``field`` true only with the
+  transformer_engine recipe (the only one with ``what`` to gather)."""
+  return Rule(field,
+              lambda c: np.asarray(getattr(c, field), dtype=bool) & (
+                c.precision_recipe != RECIPE_TE),
+              lambda c, i: '= true is not allowed: only the '
+              f'"transformer_engine" precision recipe has {what} to gather')
+
+
 def _procs_message(c, i):
   text = (f"= {_v(c, 'num_procs', i)} is not allowed: must equal "
           'tensor_par * pipeline_par * data_par')
@@ -798,16 +808,8 @@ RULES = (
          c.tensor_par_overlap == TP_OVERLAP_NONE),
        lambda c, i: '= false is not allowed: it qualifies a tiled TP '
        'overlap, which needs tensor_par_overlap = "ring" or "pipe"'),
-  Rule('tensor_par_narrow_all_gather',
-       lambda c: np.asarray(c.tensor_par_narrow_all_gather, dtype=bool) & (
-         c.precision_recipe != RECIPE_TE),
-       lambda c, i: '= true is not allowed: only the "transformer_engine" '
-       'precision recipe has narrow GEMM inputs to gather'),
-  Rule('narrow_param_gather',
-       lambda c: np.asarray(c.narrow_param_gather, dtype=bool) & (
-         c.precision_recipe != RECIPE_TE),
-       lambda c, i: '= true is not allowed: only the "transformer_engine" '
-       'precision recipe has narrow weights to gather'),
+  _te_only('tensor_par_narrow_all_gather', 'narrow GEMM inputs'),
+  _te_only('narrow_param_gather', 'narrow weights'),
   Rule('fsdp_buffer_copies',
        lambda c: c.fsdp_buffer_copies & (c.sharding != SHARD_PARAMETERS),
        lambda c, i: '= true is not allowed: the copies are FSDP\'s, which '

@@ -728,7 +728,7 @@ class Evaluation:
     # (Megatron-Core --fp8-param-gather): their count is the kept narrow
     # copy's bytes over the narrow width.
     with np.errstate(divide='ignore', invalid='ignore'):
-      linear = np.where(te, (weight_bytes - wide) / narrow, 0)
+      linear = (weight_bytes - wide) / narrow
     gathered = np.where(np.asarray(self.exe.narrow_param_gather, dtype=bool),
                         wide - linear * (io - narrow), wide)
     return np.where(te, gathered, weight_bytes)

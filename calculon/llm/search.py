@@ -631,7 +631,6 @@ def execution_record(spec, group, flat):
     record.pop('recompute_modules', None)
   if record.get('precision_recipe') != 'transformer_engine':
     record.pop('quantization_scaling', None)
-    record.pop('tensor_par_narrow_all_gather', None)
   if record.get('data_par_sharding') != 'parameters':
     record.pop('fsdp_buffer_copies', None)
   return record
