@@ -42,6 +42,25 @@ def test_torch_gemm_vector_and_copy_count_flop_and_bytes():
     bench_memory.host_device('torch', 'cpu', [4096])
 
 
+def test_gemm_memory_of_a_shape_and_16_bit_draws():
+  """A GEMM shape's operands and output in bytes (the CUDA path skips a
+  shape over half the free memory: 16 heads of 32k x 32k scores in
+  bfloat16 need 32 GiB of output alone); 16-bit operands are drawn in
+  their datatype, not drawn in float32 and converted (twice the memory:
+  the first H100 run ran out of memory so, docs/profile.md)."""
+  assert bench_compute._gemm_bytes('bfloat16', 16, 32768, 32768, 128) == \
+    (16 * (32768 * 128 * 2) + 16 * 32768 * 32768) * 2
+  assert bench_compute._gemm_bytes('float32', 1, 4, 5, 6) == \
+    (4 * 6 + 6 * 5 + 4 * 5) * 4
+  # float8: e4m3 inputs made from bfloat16 ones, bfloat16 output
+  assert bench_compute._gemm_bytes('float8', 2, 4, 5, 6) == \
+    2 * (4 * 6 + 6 * 5) * 3 + 2 * 4 * 5 * 2
+  gen = torch.Generator(device='cpu').manual_seed(0)
+  fn = bench_compute._torch_gemm(torch, 'cpu', 'bfloat16', 2, 16, 8, 8, gen)
+  assert fn().dtype == torch.bfloat16
+  assert fn().shape == (2, 16, 8)
+
+
 def test_gloo_collectives_report_nccl_tests_bandwidths():
   res = bench_network.collectives('torch', 'cpu', 2, [4096, 65536],
                                   ops=['all_reduce', 'reduce_scatter', 'p2p'],

@@ -53,29 +53,64 @@ def gemm(backend, device, dtype, shapes, min_time_s=0.2, threads=1):
   else:
     torch = setup_torch(device, threads)
     gen = torch.Generator(device=device).manual_seed(0)
+    skipped = []
     for b, m, n, k in shapes:
+      if device == 'cuda' and _gemm_bytes(dtype, b, m, n, k) > \
+          MEMORY_SHARE * torch.cuda.mem_get_info()[0]:
+        skipped.append(f'{b}x{m}x{n}x{k}')
+        continue
       fn = _torch_gemm(torch, device, dtype, b, m, n, k, gen)
       t = median_time_s(fn, sync, min_time_s)
       points.append(_gemm_point(b, m, n, k, t))
-  return {'points': points, 'info': dict(environment(backend, device, threads),
-                                         dtype=dtype, op='gemm')}
+      del fn
+      if device == 'cuda':
+        torch.cuda.empty_cache()
+  info = dict(environment(backend, device, threads), dtype=dtype, op='gemm')
+  if backend != 'numpy' and skipped:
+    info['skipped'] = (f'{len(skipped)} shape(s) over {MEMORY_SHARE:.0%} of '
+                       f"the device's free memory: {', '.join(skipped)}")
+  return {'points': points, 'info': info}
+
+
+#: Share of the device's free memory a GEMM's operands and output may take:
+#: the attention-like shapes of the largest sizes (16 heads of n x n
+#: scores) would not fit an 80 GB GPU; a size keeps its other shapes.
+MEMORY_SHARE = 0.5
+
+
+def _gemm_bytes(dtype, b, m, n, k):
+  """Bytes of a GEMM's operands and output (float8: e4m3 inputs made from
+  bfloat16 ones, bfloat16 output)."""
+  width = {'float32': 4, 'float16': 2, 'bfloat16': 2}.get(dtype, 2)
+  inputs = b * (m * k + k * n)
+  if dtype == 'float8':
+    return inputs * (1 + 2) + b * m * n * 2
+  return (inputs + b * m * n) * width
 
 
 def _torch_gemm(torch, device, dtype, b, m, n, k, gen):
   if dtype == 'float8':
     # Scaled FP8 GEMM (e4m3 inputs, bf16 output); needs an FP8 tensor core.
+    # torch._scaled_mm multiplies 2-D matrices only: a batch of b runs b
+    # products (each a GEMM of the shape, as the FLOP count says).
     if device != 'cuda' or not hasattr(torch, 'float8_e4m3fn'):
       raise ValueError('float8 GEMM needs a CUDA device with FP8 support')
-    x = torch.randn(m, k, device=device, generator=gen).to(
-      torch.float8_e4m3fn)
-    y = torch.randn(n, k, device=device, generator=gen).to(
-      torch.float8_e4m3fn).t()
+    x = torch.randn(b, m, k, device=device, generator=gen,
+                    dtype=torch.bfloat16).to(torch.float8_e4m3fn)
+    y = torch.randn(b, n, k, device=device, generator=gen,
+                    dtype=torch.bfloat16).to(torch.float8_e4m3fn)
     one = torch.ones((), device=device)
-    return lambda: torch._scaled_mm(x, y, scale_a=one, scale_b=one,
-                                    out_dtype=torch.bfloat16)
+
+    def products():
+      for i in range(b):
+        torch._scaled_mm(x[i], y[i].t(), scale_a=one, scale_b=one,
+                         out_dtype=torch.bfloat16)
+    return products
   tdt = getattr(torch, dtype)
-  x = torch.randn(b, m, k, device=device, generator=gen).to(tdt)
-  y = torch.randn(b, k, n, device=device, generator=gen).to(tdt)
+  # Drawn in the datatype itself: a float32 draw converted afterwards
+  # would take twice the memory of a 16-bit operand.
+  x = torch.randn(b, m, k, device=device, generator=gen, dtype=tdt)
+  y = torch.randn(b, k, n, device=device, generator=gen, dtype=tdt)
   if b == 1:
     x2, y2 = x[0], y[0]
     return lambda: torch.mm(x2, y2)
