@@ -274,9 +274,9 @@ def test_cli_calibrate(synthetic, tmp_path):
     H100['networks'][1]['efficiency'] * TRUTH['net1'], rel=0.02)
   assert any('calculon calibrate' in n for n in cal['notes'])
   bad = run_cli('calibrate', synthetic, repo('systems', 'h100_sxm_80g.json'),
-                '-o', tmp_path / 'x.json', '--params', 'matrix,attention')
+                '-o', tmp_path / 'x.json', '--params', 'matrix,moe')
   assert bad.returncode == 2
-  assert 'attention: no run is sensitive to it' in bad.stderr
+  assert 'moe: no run is sensitive to it' in bad.stderr
 
 
 # -- engine fields ------------------------------------------------------------------

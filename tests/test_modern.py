@@ -539,6 +539,39 @@ def test_fused_attention_head_width():
   assert t[128] / t[64] == pytest.approx(head_dim_factor(64, 64), rel=1e-9)
 
 
+def test_fused_attention_sequence_factor():
+  """Fused attention slows below 16k tokens: a query tile visiting T key
+  tiles runs at T / (T + 9.7) of its long-sequence rate, capped at the 16k
+  rate.  Against the H100 measurements (docs/profile.md, "A GPU run"):
+  FlashAttention-2 and cuDNN ran at 0.88/0.94, 0.74/0.74 and 0.52/0.52 of
+  their 16k rates at 8k, 4k and 2k, and at 0.98/1.01 at 32k."""
+  from calculon.llm.layers import (
+    causal_tile_fraction, sequence_factor, window_tile_fraction)
+  f = lambda s: float(sequence_factor(s, causal_tile_fraction(s)))
+  measured = {2048: (0.52, 0.52), 4096: (0.74, 0.74), 8192: (0.88, 0.94),
+              32768: (0.98, 1.01)}
+  assert f(16384) == pytest.approx(1.0)
+  for seq, (flash, cudnn) in measured.items():
+    for m in (flash, cudnn):
+      assert f(seq) == pytest.approx(m, rel=0.1), seq
+  assert f(65536) == 1.0
+  # A 128-token window leaves each query tile two key tiles.
+  assert float(sequence_factor(4096, window_tile_fraction(4096, 128))) < 0.2
+  # With context parallelism the kernel's local queries set T.
+  assert float(sequence_factor(8192, causal_tile_fraction(65536))) < \
+    f(65536)
+  # The layer's time per FLOP at 4k over 16k, with the H100 file's
+  # fused-attention efficiency: 1 / the factor.
+  by = lambda ev, n: [l for l in ev.layers if l.name == n][0]
+  rate = {}
+  for seq in (4096, 16384):
+    ev = evaluation(llama(num_blocks=2, seq_size=seq), H100_SXM,
+                    attention_kernel='flash')
+    layer = by(ev, 'AttnBlock_FlashAttention')
+    rate[seq] = value(layer.flops_time_s('fw')) / value(layer.flops('fw'))
+  assert rate[4096] / rate[16384] == pytest.approx(1 / f(4096), rel=1e-9)
+
+
 def test_recompute_modules_dense():
   """Megatron-Core's --recompute-modules (selective recomputation):
   'layernorm' recomputes both norms and keeps neither output (the QKV and

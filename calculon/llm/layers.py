@@ -952,6 +952,44 @@ def head_dim_factor(head_size, v_size):
   return (d / (d + x)) / (REFERENCE_HEAD_DIM / (REFERENCE_HEAD_DIM + x))
 
 
+#: Per-query-tile work of a fused attention kernel besides its key tiles
+#: (loading the query tile, the epilogue that normalizes and writes the
+#: output and log-sum-exp; the backward's per-tile prologues), in key tiles'
+#: worth: a query tile that visits T key tiles runs at T / (T + 9.7) of the
+#: kernel's long-sequence rate.  Fitted to PyTorch 2.11's FlashAttention-2
+#: and cuDNN 9.19 kernels on an H100 SXM, causal, bfloat16, 32 heads of
+#: 128, forward + backward at 2k-32k tokens, each relative to its rate at
+#: 16k (benchmarks/gpu_attention.py; docs/profile.md, "A GPU run"): both
+#: kernels within 9 %; FlashAttention-2's own paper shows the same rise
+#: with the sequence (Dao 2023, figure 4).
+FLASH_TILE_OVERHEAD = 9.7
+#: Sequence at which the system files' fused-attention efficiencies are
+#: quoted (FlashAttention-3's figures 5 and 6 at 16k; FlashAttention-4's
+#: peak): the sequence factor is 1 there.
+REFERENCE_SEQ = 16384
+
+
+def sequence_factor(q_len, tile_fraction):
+  """Fused-attention speed for query length ``q_len`` (per rank, one
+  kernel's) relative to its speed at :data:`REFERENCE_SEQ` tokens of causal
+  attention: each query tile visits T = ``tile_fraction`` x ceil(q_len /
+  128) key tiles on average (``tile_fraction``: :func:`causal_tile_fraction`
+  or the windowed one; with context parallelism each ring step's kernel
+  sees the local keys), and runs at T / (T + :data:`FLASH_TILE_OVERHEAD`)
+  of its long-sequence rate, and no faster than at 16k (the kernels
+  measured at 32k ran at their 16k rate).  1 from 16k causal; about 0.89
+  at 8k, 0.72 at 4k, 0.54 at 2k; windows of 128 tokens about 0.19.
+  Arrays broadcast."""
+  n = np.ceil(np.asarray(q_len, dtype=float) / FLASH_TILE)
+  t = tile_fraction * n
+  ref_n = -(-REFERENCE_SEQ // FLASH_TILE)
+  ref_t = causal_tile_fraction(REFERENCE_SEQ) * ref_n
+  rate = t / (t + FLASH_TILE_OVERHEAD)
+  # Beyond 16k the measured kernels run no faster (32k: 0.98 and 1.01 of
+  # their 16k rates), where the form would keep rising (1.07 at 32k).
+  return np.minimum(rate / (ref_t / (ref_t + FLASH_TILE_OVERHEAD)), 1.0)
+
+
 def causal_tile_fraction(seq_size):
   """Fraction of the s x s score tiles a causal FlashAttention kernel
   computes: the kernel skips fully masked tiles (Dao 2023, section 3.1.1),
@@ -1019,6 +1057,7 @@ class FlashAttention(Layer):
     o_elems = heads * q_len * v_size
     self.lse_elems = heads * q_len
     self.head_dim_factor = head_dim_factor(head_size, v_size)
+    self.sequence_factor = sequence_factor(q_len, causal)
     super().__init__(name, ctx, fw_flops=fw, agrad_flops=2.0 * fw + 2.0 * qk,
                      inputs=q_elems + kv_elems, outputs=o_elems,
                      activation=q_elems + kv_elems, activation_grads=o_elems,
@@ -1037,13 +1076,13 @@ class FlashAttention(Layer):
     fused attention does not reach GEMM efficiency (FlashAttention-2 runs
     at about 35 % of an H100's peak where large GEMMs reach 70-80 %; Shah
     et al. 2024, "FlashAttention-3", section 1 and figure 5; FA3: 75 %),
-    and, with it, by :func:`head_dim_factor` (the efficiency is quoted at
-    head width 128)."""
+    and, with it, by :func:`head_dim_factor` and :func:`sequence_factor`
+    (the efficiency is quoted at head width 128 and 16k tokens)."""
     time = super().flops_time_s(stage)
     eff = self.ctx.system.fused_attention_efficiency
     if eff is None or stage == 'optim':
       return time
-    return time / (eff * self.head_dim_factor)
+    return time / (eff * self.head_dim_factor * self.sequence_factor)
 
 
 class ContextParallelMerge(Layer):
