@@ -570,6 +570,17 @@ def test_fused_attention_sequence_factor():
     layer = by(ev, 'AttnBlock_FlashAttention')
     rate[seq] = value(layer.flops_time_s('fw')) / value(layer.flops('fw'))
   assert rate[4096] / rate[16384] == pytest.approx(1 / f(4096), rel=1e-9)
+  # A file without a fused-attention efficiency (the GEMMs' rate at 16k)
+  # applies the factor too, as its calibration at an attention scale of 1
+  # does (calculon/validation/calibrate.py, ScaledSystem).
+  cfg = read_json_file(f'{ROOT}/systems/b300.json')
+  assert 'fused_attention_efficiency' not in cfg
+  for seq in (4096, 16384):
+    ev = evaluation(llama(num_blocks=2, seq_size=seq), System(cfg),
+                    attention_kernel='flash')
+    layer = by(ev, 'AttnBlock_FlashAttention')
+    rate[seq] = value(layer.flops_time_s('fw')) / value(layer.flops('fw'))
+  assert rate[4096] / rate[16384] == pytest.approx(1 / f(4096), rel=1e-9)
 
 
 def test_recompute_modules_dense():

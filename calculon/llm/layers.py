@@ -1076,13 +1076,17 @@ class FlashAttention(Layer):
     fused attention does not reach GEMM efficiency (FlashAttention-2 runs
     at about 35 % of an H100's peak where large GEMMs reach 70-80 %; Shah
     et al. 2024, "FlashAttention-3", section 1 and figure 5; FA3: 75 %),
-    and, with it, by :func:`head_dim_factor` and :func:`sequence_factor`
-    (the efficiency is quoted at head width 128 and 16k tokens)."""
+    and, with it or without, by :func:`head_dim_factor` and
+    :func:`sequence_factor` (the efficiency is quoted at head width 128 and
+    16k tokens; a file without one runs the kernel at the GEMMs' rate
+    there, the two factors being the kernel's own: a calibration's
+    attention scale at 1 prices the same as the file)."""
     time = super().flops_time_s(stage)
-    eff = self.ctx.system.fused_attention_efficiency
-    if eff is None or stage == 'optim':
+    if stage == 'optim':
       return time
-    return time / (eff * self.head_dim_factor * self.sequence_factor)
+    eff = self.ctx.system.fused_attention_efficiency
+    factors = self.head_dim_factor * self.sequence_factor
+    return time / (factors if eff is None else eff * factors)
 
 
 class ContextParallelMerge(Layer):
