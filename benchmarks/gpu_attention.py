@@ -3,13 +3,15 @@
 a system file's ``fused_attention_efficiency`` and the conventions'
 per-kernel factors (validation/conventions.yaml, ``attention_kernels``).
 
-    python benchmarks/gpu_attention.py [--seqs 4096,8192,16384] [--json FILE]
+    python benchmarks/gpu_attention.py [--seqs 4096,8192,16384] [--heads 32]
+        [--dim 128] [--json FILE]
 
 Needs torch with CUDA.  For each sequence length it times PyTorch's
 ``scaled_dot_product_attention`` with each backend that runs (FlashAttention
 -- PyTorch's bundled FlashAttention-2 --, cuDNN, memory-efficient), causal,
-bfloat16, batch 1, 32 heads of 128 (Llama 3 8B's query heads; the keys and
-values repeated to 32 heads as torchtitan's models pass them), forward and
+bfloat16, batch 1, 32 heads of 128 by default (Llama 3 8B's query heads;
+the keys and values repeated to 32 heads as torchtitan's models pass them;
+``--heads``, ``--dim`` change them), forward and
 forward + backward, with CUDA events (3 warm-ups, the median of 10).  FLOP
 as calculon counts them for a causal fused kernel: forward 4 S^2 H D / 2
 (half the score matrix), backward 2.5 times that (Dao 2023,
@@ -83,6 +85,8 @@ def attention_row(torch, backend, seq, heads=32, dim=128):
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   ap.add_argument('--seqs', default='4096,8192,16384')
+  ap.add_argument('--heads', type=int, default=32)
+  ap.add_argument('--dim', type=int, default=128, help='head width')
   ap.add_argument('--json', help='write the numbers to this file')
   args = ap.parse_args(argv)
   try:
@@ -100,7 +104,12 @@ def main(argv=None):
     print(f'gpu_attention: --seqs {args.seqs!r}: integers separated by '
           'commas', file=sys.stderr)
     return 2
+  if args.heads < 1 or args.dim < 1:
+    print('gpu_attention: --heads and --dim must be positive',
+          file=sys.stderr)
+    return 2
   out = {'device': torch.cuda.get_device_name(0),
+         'heads': args.heads, 'dim': args.dim,
          'torch': torch.__version__,
          'cudnn': torch.backends.cudnn.version(),
          'gemm_16384x4096x14336_tflops': gemm_tflops(torch, 16384, 14336,
@@ -108,7 +117,8 @@ def main(argv=None):
          'gemm_8192_cubed_tflops': gemm_tflops(torch, 8192, 8192, 8192),
          'attention': []}
   ref = out['gemm_16384x4096x14336_tflops']
-  print(f"{out['device']}, torch {out['torch']}, cuDNN {out['cudnn']}")
+  print(f"{out['device']}, torch {out['torch']}, cuDNN {out['cudnn']}; "
+        f"{args.heads} heads of {args.dim}")
   print(f"bf16 GEMM 16384x4096x14336: {ref:.0f} TFLOP/s; 8192^3: "
         f"{out['gemm_8192_cubed_tflops']:.0f} TFLOP/s\n")
   print('| kernel | sequence | forward TFLOP/s | fw + bw TFLOP/s | rel '
@@ -119,7 +129,7 @@ def main(argv=None):
               ('memory-efficient', SDPBackend.EFFICIENT_ATTENTION)]
   for name, backend in backends:
     for seq in seqs:
-      row = attention_row(torch, backend, seq)
+      row = attention_row(torch, backend, seq, args.heads, args.dim)
       if row is None:
         print(f'| {name} | {seq} | (does not run) | | |')
         continue
