@@ -42,7 +42,8 @@ FA2_FACTOR = 0.59
 
 
 def predict_ms(system_path, seq, mbs):
-  """calculon's forward + backward milliseconds of one llama3-8B block."""
+  """calculon's (forward, backward, LM head and loss forward + backward)
+  milliseconds of one llama3-8B block and one microbatch's head."""
   from calculon.config import Application
   from calculon.io import read_json_file
   from calculon.llm import Llm
@@ -61,14 +62,17 @@ def predict_ms(system_path, seq, mbs):
          'tensor_par_overlap': 'none', 'seq_par_ag_redo': False,
          'data_par_overlap': False, 'weight_offload': False,
          'activations_offload': False, 'optimizer_offload': False,
-         'training': True, 'attention_kernel': 'flash'}
+         'training': True, 'attention_kernel': 'flash',
+         'cross_entropy_kernel': 'unfused'}
   from calculon.hardware import System
   model = Llm(Application.from_dict(app), logging.getLogger('block'))
   model.compile(System(sysj), Llm.Execution.from_json(exe))
   model.run(System(sysj))
   stats = model.get_stats_json()
   # One block, one microbatch: the batch's forward and backward times.
-  return 1e3 * stats['fw_time'], 1e3 * stats['bw_time']
+  head = model._eval.lm_head_time_s
+  return (1e3 * stats['fw_time'], 1e3 * stats['bw_time'],
+          1e3 * float(head))
 
 
 def measure_ms(torch, blocks, seq, mbs, compiled):
@@ -159,6 +163,37 @@ def measure_ms(torch, blocks, seq, mbs, compiled):
     return timed(fw) / blocks, timed(fwbw) / blocks
 
 
+def measure_head_ms(torch, seq, mbs, vocab=128256):
+  """Forward + backward ms of torchtitan's LM head and loss: the output
+  projection in bfloat16, the logits cast to float32, PyTorch's
+  cross_entropy (torchtitan components/loss.py)."""
+  import torch.nn.functional as F
+  dev, dt = 'cuda', torch.bfloat16
+  w = torch.randn(vocab, HIDDEN, device=dev, dtype=dt, requires_grad=True)
+  h = torch.randn(mbs * seq, HIDDEN, device=dev, dtype=dt,
+                  requires_grad=True)
+  labels = torch.randint(0, vocab, (mbs * seq,), device=dev)
+
+  def step():
+    loss = F.cross_entropy((h @ w.t()).float(), labels)
+    loss.backward()
+    w.grad = None
+    h.grad = None
+  for _ in range(3):
+    step()
+  torch.cuda.synchronize()
+  times = []
+  for _ in range(10):
+    a = torch.cuda.Event(enable_timing=True)
+    b = torch.cuda.Event(enable_timing=True)
+    a.record()
+    step()
+    b.record()
+    torch.cuda.synchronize()
+    times.append(a.elapsed_time(b))
+  return statistics.median(times)
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   ap.add_argument('--blocks', type=int, default=4)
@@ -173,12 +208,13 @@ def main(argv=None):
     print('gpu_llama_block: --blocks and --mbs >= 1, --seq >= 128',
           file=sys.stderr)
     return 2
-  pfw, pbw = predict_ms(args.system, args.seq, args.mbs)
+  pfw, pbw, phead = predict_ms(args.system, args.seq, args.mbs)
   out = {'seq': args.seq, 'mbs': args.mbs, 'blocks': args.blocks,
-         'predicted_fw_ms': pfw, 'predicted_fwbw_ms': pfw + pbw}
+         'predicted_fw_ms': pfw, 'predicted_fwbw_ms': pfw + pbw,
+         'predicted_head_ms': phead}
   print(f'calculon, {os.path.basename(args.system)} (FlashAttention-2): '
         f'forward {pfw:.2f} ms, forward + backward {pfw + pbw:.2f} ms per '
-        'block')
+        f'block; LM head and loss (unfused, float32 logits) {phead:.2f} ms')
   if args.predict_only:
     return 0
   try:
@@ -196,6 +232,10 @@ def main(argv=None):
           f'per block; error 100 (1 - predicted / measured): forward '
           f'{100 * (1 - pfw / mfw):+.1f} %, forward + backward '
           f'{100 * (1 - (pfw + pbw) / mfwbw):+.1f} %')
+  mhead = measure_head_ms(torch, args.seq, args.mbs)
+  out['head_ms'] = mhead
+  print(f'LM head and loss: forward + backward {mhead:.2f} ms; error '
+        f'{100 * (1 - phead / mhead):+.1f} %')
   if args.json:
     with open(args.json, 'w') as fd:
       json.dump(out, fd, indent=2)
