@@ -27,12 +27,14 @@ Exits 2 with one line when torch or a CUDA device is missing.
 
 import argparse
 import json
+import os
 import statistics
 import sys
 
 
-def _timed(fn, torch, warmup=3, iters=10):
-  """Median milliseconds of ``fn()`` over ``iters`` runs (CUDA events)."""
+def cuda_median_ms(fn, torch, warmup=3, iters=10):
+  """Median milliseconds of ``fn()`` over ``iters`` runs (CUDA events),
+  after ``warmup`` runs; also used by gpu_llama_block.py."""
   for _ in range(warmup):
     fn()
   torch.cuda.synchronize()
@@ -48,10 +50,25 @@ def _timed(fn, torch, warmup=3, iters=10):
   return statistics.median(times)
 
 
+def cuda_torch(prog):
+  """torch, or None after one line on stderr naming ``prog`` when torch
+  is not installed or sees no CUDA device; also used by
+  gpu_llama_block.py."""
+  try:
+    import torch
+  except ImportError:
+    print(f'{prog}: torch is not installed', file=sys.stderr)
+    return None
+  if not torch.cuda.is_available():
+    print(f'{prog}: no CUDA device', file=sys.stderr)
+    return None
+  return torch
+
+
 def gemm_tflops(torch, m, n, k):
   a = torch.randn(m, k, device='cuda', dtype=torch.bfloat16)
   b = torch.randn(k, n, device='cuda', dtype=torch.bfloat16)
-  ms = _timed(lambda: a @ b, torch)
+  ms = cuda_median_ms(lambda: a @ b, torch)
   return 2.0 * m * n * k / (ms * 1e-3) / 1e12
 
 
@@ -74,8 +91,8 @@ def attention_row(torch, backend, seq, heads=32, dim=128):
       def fwbw():
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         out.backward(grad)
-      fw_ms = _timed(fw, torch)
-      fwbw_ms = _timed(fwbw, torch)
+      fw_ms = cuda_median_ms(fw, torch)
+      fwbw_ms = cuda_median_ms(fwbw, torch)
   except RuntimeError:
     return None
   return (fw_flop / (fw_ms * 1e-3) / 1e12,
@@ -89,15 +106,10 @@ def main(argv=None):
   ap.add_argument('--dim', type=int, default=128, help='head width')
   ap.add_argument('--json', help='write the numbers to this file')
   args = ap.parse_args(argv)
-  try:
-    import torch
-    from torch.nn.attention import SDPBackend
-  except ImportError:
-    print('gpu_attention: torch is not installed', file=sys.stderr)
+  torch = cuda_torch('gpu_attention')
+  if torch is None:
     return 2
-  if not torch.cuda.is_available():
-    print('gpu_attention: no CUDA device', file=sys.stderr)
-    return 2
+  from torch.nn.attention import SDPBackend
   try:
     seqs = [int(s) for s in args.seqs.split(',')]
   except ValueError:
@@ -138,9 +150,17 @@ def main(argv=None):
                                'fw_tflops': fw, 'fwbw_tflops': fwbw,
                                'rel': fwbw / ref})
       print(f'| {name} | {seq} | {fw:.0f} | {fwbw:.0f} | {fwbw / ref:.2f} |')
-  if args.json:
-    with open(args.json, 'w') as fd:
+  return write_json(args.json, out)
+
+
+def write_json(path, out):
+  """Writes ``out`` to ``path`` (atomically; nothing when ``path`` is
+  None); the exit status 0.  Also used by gpu_llama_block.py."""
+  if path:
+    tmp = f'{path}.tmp'
+    with open(tmp, 'w') as fd:
       json.dump(out, fd, indent=2)
+    os.replace(tmp, path)
   return 0
 
 

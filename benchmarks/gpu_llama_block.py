@@ -25,13 +25,15 @@ Exits 2 with one line when torch or a CUDA device is missing.
 """
 
 import argparse
-import json
 import os
-import statistics
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from gpu_attention import (  # noqa: E402
+  cuda_median_ms, cuda_torch, write_json)
 
 #: Llama 3 8B (Meta, "The Llama 3 Herd of Models", table 3).
 HIDDEN, HEADS, KV_HEADS, FFN = 4096, 32, 8, 14336
@@ -134,21 +136,6 @@ def measure_ms(torch, blocks, seq, mbs, compiled):
   cos, sin = ang.cos().to(dt), ang.sin().to(dt)
   grad = torch.randn(mbs, seq, HIDDEN, device=dev, dtype=dt)
 
-  def timed(fn, warmup=3, iters=10):
-    for _ in range(warmup):
-      fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(iters):
-      a = torch.cuda.Event(enable_timing=True)
-      b = torch.cuda.Event(enable_timing=True)
-      a.record()
-      fn()
-      b.record()
-      torch.cuda.synchronize()
-      out.append(a.elapsed_time(b))
-    return statistics.median(out)
-
   def fw():
     with torch.no_grad():
       model(x, cos, sin)
@@ -160,7 +147,8 @@ def measure_ms(torch, blocks, seq, mbs, compiled):
     x.grad = None
   from torch.nn.attention import SDPBackend, sdpa_kernel
   with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-    return timed(fw) / blocks, timed(fwbw) / blocks
+    return (cuda_median_ms(fw, torch) / blocks,
+            cuda_median_ms(fwbw, torch) / blocks)
 
 
 def measure_head_ms(torch, seq, mbs, vocab=128256):
@@ -179,19 +167,7 @@ def measure_head_ms(torch, seq, mbs, vocab=128256):
     loss.backward()
     w.grad = None
     h.grad = None
-  for _ in range(3):
-    step()
-  torch.cuda.synchronize()
-  times = []
-  for _ in range(10):
-    a = torch.cuda.Event(enable_timing=True)
-    b = torch.cuda.Event(enable_timing=True)
-    a.record()
-    step()
-    b.record()
-    torch.cuda.synchronize()
-    times.append(a.elapsed_time(b))
-  return statistics.median(times)
+  return cuda_median_ms(step, torch)
 
 
 def main(argv=None):
@@ -217,13 +193,8 @@ def main(argv=None):
         f'block; LM head and loss (unfused, float32 logits) {phead:.2f} ms')
   if args.predict_only:
     return 0
-  try:
-    import torch
-  except ImportError:
-    print('gpu_llama_block: torch is not installed', file=sys.stderr)
-    return 2
-  if not torch.cuda.is_available():
-    print('gpu_llama_block: no CUDA device', file=sys.stderr)
+  torch = cuda_torch('gpu_llama_block')
+  if torch is None:
     return 2
   for name, compiled in (('eager', False), ('torch.compile', True)):
     mfw, mfwbw = measure_ms(torch, args.blocks, args.seq, args.mbs, compiled)
@@ -236,10 +207,7 @@ def main(argv=None):
   out['head_ms'] = mhead
   print(f'LM head and loss: forward + backward {mhead:.2f} ms; error '
         f'{100 * (1 - phead / mhead):+.1f} %')
-  if args.json:
-    with open(args.json, 'w') as fd:
-      json.dump(out, fd, indent=2)
-  return 0
+  return write_json(args.json, out)
 
 
 if __name__ == '__main__':
