@@ -25,6 +25,7 @@ Exits 2 with one line when torch or a CUDA device is missing.
 """
 
 import argparse
+import logging
 import os
 import sys
 
@@ -47,9 +48,9 @@ def predict_ms(system_path, seq, mbs):
   """calculon's (forward, backward, LM head and loss forward + backward)
   milliseconds of one llama3-8B block and one microbatch's head."""
   from calculon.config import Application
+  from calculon.hardware import System
   from calculon.io import read_json_file
   from calculon.llm import Llm
-  import logging
   app = read_json_file(os.path.join(ROOT, 'models', 'llama3-8B.json'))
   app.update(seq_size=seq, num_blocks=1)
   sysj = read_json_file(system_path)
@@ -66,15 +67,14 @@ def predict_ms(system_path, seq, mbs):
          'activations_offload': False, 'optimizer_offload': False,
          'training': True, 'attention_kernel': 'flash',
          'cross_entropy_kernel': 'unfused'}
-  from calculon.hardware import System
+  system = System(sysj)
   model = Llm(Application.from_dict(app), logging.getLogger('block'))
-  model.compile(System(sysj), Llm.Execution.from_json(exe))
-  model.run(System(sysj))
+  model.compile(system, Llm.Execution.from_json(exe))
+  model.run(system)
   stats = model.get_stats_json()
   # One block, one microbatch: the batch's forward and backward times.
-  head = model._eval.lm_head_time_s
-  return (1e3 * stats['fw_time'], 1e3 * stats['bw_time'],
-          1e3 * float(head))
+  head = stats['lm_head_time']
+  return 1e3 * stats['fw_time'], 1e3 * stats['bw_time'], 1e3 * head
 
 
 def measure_ms(torch, blocks, seq, mbs, compiled):

@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 
+from calculon.config.execution import DATATYPE_BYTES
 from calculon.profile.timing import (
   environment, make_sync, median_time_s, setup_torch)
 
@@ -40,7 +41,7 @@ def gemm(backend, device, dtype, shapes, min_time_s=0.2, threads=1):
     ValueError: a datatype the backend cannot multiply.
   """
   sync = make_sync(backend, device)
-  points = []
+  points, skipped = [], []
   if backend == 'numpy':
     if dtype != 'float32':
       raise ValueError(f'numpy backend: no BLAS GEMM for {dtype}')
@@ -53,7 +54,6 @@ def gemm(backend, device, dtype, shapes, min_time_s=0.2, threads=1):
   else:
     torch = setup_torch(device, threads)
     gen = torch.Generator(device=device).manual_seed(0)
-    skipped = []
     for b, m, n, k in shapes:
       if device == 'cuda' and _gemm_bytes(dtype, b, m, n, k) > \
           MEMORY_SHARE * torch.cuda.mem_get_info()[0]:
@@ -66,7 +66,7 @@ def gemm(backend, device, dtype, shapes, min_time_s=0.2, threads=1):
       if device == 'cuda':
         torch.cuda.empty_cache()
   info = dict(environment(backend, device, threads), dtype=dtype, op='gemm')
-  if backend != 'numpy' and skipped:
+  if skipped:
     info['skipped'] = (f'{len(skipped)} shape(s) over {MEMORY_SHARE:.0%} of '
                        f"the device's free memory: {', '.join(skipped)}")
   return {'points': points, 'info': info}
@@ -81,11 +81,10 @@ MEMORY_SHARE = 0.5
 def _gemm_bytes(dtype, b, m, n, k):
   """Bytes of a GEMM's operands and output (float8: e4m3 inputs made from
   bfloat16 ones, bfloat16 output)."""
-  width = {'float32': 4, 'float16': 2, 'bfloat16': 2}.get(dtype, 2)
   inputs = b * (m * k + k * n)
   if dtype == 'float8':
     return inputs * (1 + 2) + b * m * n * 2
-  return (inputs + b * m * n) * width
+  return (inputs + b * m * n) * DATATYPE_BYTES[dtype]
 
 
 def _torch_gemm(torch, device, dtype, b, m, n, k, gen):
