@@ -30,6 +30,11 @@ def case(suite, case_id):
   return next(c for c in suite.cases if c.id == case_id)
 
 
+def why(c, field):
+  """The reason ``c``'s assumptions give for ``field``."""
+  return {k: w for k, _, w in c.assumptions}[field]
+
+
 def shared_rows(name='published_runs.csv'):
   with open(repo('validation', name), newline='') as fd:
     return list(csv.DictReader(fd))
@@ -240,9 +245,8 @@ def test_model_zoo_overlaps_the_expert_all_to_all_only_where_stated(suite):
     rid = f'megatron-moe-modelzoo-0{n}'
     want = ['compute'] if n in (1, 9) else ['none']
     assert case(suite, rid).axes['moe_comm_overlap'] == want, rid
-  why = dict((k, w) for k, _, w in case(
-    suite, 'megatron-moe-modelzoo-05').assumptions)['moe_comm_overlap']
-  assert 'A2A_OVERLAP defaults to 0' in why
+  assert 'A2A_OVERLAP defaults to 0' in why(
+    case(suite, 'megatron-moe-modelzoo-05'), 'moe_comm_overlap')
 
 
 def test_uneven_virtual_stages_priced_by_the_largest(suite):
@@ -273,8 +277,7 @@ def test_torchtitan_interleaved_schedule_has_two_stages_per_rank(suite,
   inter, plain = case(suite, 'torchtitan-11'), case(suite, 'torchtitan-10')
   assert inter.axes['pipeline_interleaving'] == [2]
   assert plain.axes['pipeline_interleaving'] == [1]
-  assert 'generate_split_points' in dict(
-    (k, w) for k, _, w in inter.assumptions)['pipeline_interleaving']
+  assert 'generate_split_points' in why(inter, 'pipeline_interleaving')
   t = results.set_index('id')['predicted_s']
   assert 1.2 < t['torchtitan-10'] / t['torchtitan-11'] < 1.4
 
@@ -406,15 +409,13 @@ def test_rows_are_mapped_by_conventions(suite):
   # float32 with bf16 (accumulate_allreduce_grads_in_fp32).
   c = case(suite, 'narayanan-07')
   assert c.axes['data_par_overlap'] == [False]
-  why = dict((k, w) for k, _, w in c.assumptions)
-  assert 'DDP-impl local' in why['data_par_overlap']
+  assert 'DDP-impl local' in why(c, 'data_par_overlap')
   assert c.fixed['gradient_datatype'] == 'float32'
-  assert 'accumulate_allreduce_grads_in_fp32' in why['gradient_datatype']
+  assert 'accumulate_allreduce_grads_in_fp32' in why(c, 'gradient_datatype')
   # Korthikanti et al. 2022: a blank VP is 1 (rule keyed by the source).
   c = case(suite, 'korthikanti-07')
   assert c.axes['pipeline_interleaving'] == [1]
-  assert 'Korthikanti' in dict((k, w) for k, _, w in c.assumptions)[
-    'pipeline_interleaving']
+  assert 'Korthikanti' in why(c, 'pipeline_interleaving')
   # torchtitan Llama 3 70B with blank dimensions: the bundled model fills
   # them, each named; FSDP is torchtitan's data parallelism.
   c = case(suite, 'torchtitan-14')
@@ -440,8 +441,7 @@ def test_rows_are_mapped_by_conventions(suite):
   # (torchtitan build_pipeline_schedule): local batch 32 / PP 8 = 4.
   c10 = case(suite, 'torchtitan-10')
   assert c10.axes['microbatch_size'] == [4]
-  assert 'local batch 32 / PP 8' in dict(
-    (k, w) for k, _, w in c10.assumptions)['microbatch_size']
+  assert 'local batch 32 / PP 8' in why(c10, 'microbatch_size')
   assert len(case(suite, 'narayanan-07').axes['microbatch_size']) > 1
   assert case(suite, 'torchtitan-13').axes['pipeline_interleaving'] == [1]
   assert case(suite, 'torchtitan-11').axes['pipeline_interleaving'] == [2]

@@ -981,9 +981,8 @@ def sequence_factor(q_len, tile_fraction):
   at 8k, 0.72 at 4k, 0.54 at 2k; windows of 128 tokens about 0.19.
   Arrays broadcast."""
   t = tile_fraction * np.ceil(np.asarray(q_len, dtype=float) / FLASH_TILE)
-  # The reference: causal attention over REFERENCE_SEQ tokens.
-  ref_t = causal_tile_fraction(REFERENCE_SEQ) * -(-REFERENCE_SEQ // FLASH_TILE)
   rate = t / (t + FLASH_TILE_OVERHEAD)
+  ref_t = _REFERENCE_TILES
   # Beyond 16k the measured kernels run no faster (32k: 0.98 and 1.01 of
   # their 16k rates), where the form would keep rising (1.07 at 32k).
   return np.minimum(rate * (ref_t + FLASH_TILE_OVERHEAD) / ref_t, 1.0)
@@ -995,6 +994,12 @@ def causal_tile_fraction(seq_size):
   leaving n (n + 1) / 2 of n^2 tiles for n = ceil(s / tile)."""
   n = -(-seq_size // FLASH_TILE)
   return (n + 1) / (2 * n)
+
+
+#: Key tiles a query tile visits in causal attention over REFERENCE_SEQ
+#: tokens (where :func:`sequence_factor` is 1).
+_REFERENCE_TILES = causal_tile_fraction(REFERENCE_SEQ) * \
+  -(-REFERENCE_SEQ // FLASH_TILE)
 
 
 def window_tile_fraction(seq_size, window):
