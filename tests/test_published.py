@@ -611,3 +611,46 @@ def test_cli_bad_runs_file(tmp_path):
   res = run_cli('llm-validation', '--suite', 'published', '--runs', path)
   assert res.returncode == 2
   assert 'missing column' in res.stderr and 'source' in res.stderr
+
+
+def test_hardware_variants_of_bundled_gpus(tmp_path):
+  """Export and PCIe variants map onto the bundled die's file with their
+  datasheet differences, each a calibration unit of its own: H800 is the
+  H100 with NVLink at 200 GB/s a direction (DeepSeek-V3 section 3.2.2
+  measures 160 GB/s, the file's 0.8 of it), A800 the A100 likewise;
+  H100 PCIe runs at 0.7645 of the SXM's rates with NVLink pairs; GH200
+  is an H100 with its own memory (not the H200, which its name
+  contains).  The same Llama 2 70B run at TP 8 is slower on H800 than on
+  H100 (its tensor-parallel collectives ride the cut NVLink) but by less
+  than the 2.25x link ratio."""
+  def row(gpu):
+    r = {k: '' for k in M.FACT_COLUMNS}
+    r.update(source='Acme Labs 2027', model_name='Llama 2 70B',
+             num_layers='80', hidden='8192', ffn_hidden='28672',
+             attn_heads='64', kv_heads='8', seq_len='4096', vocab='32000',
+             num_gpus='64', gpu_type=gpu, tp='8', pp='1',
+             global_batch_size='64', micro_batch_size='1', dtype='bf16',
+             measured_metric_name='tokens_per_sec_per_gpu',
+             measured_value='400')
+    return r
+  gpus = ['H100 SXM 80GB', 'H800 SXM 80GB', 'A800 80GB', 'H100 PCIe 80GB',
+          'GH200 96GB', 'GH200 144GB HBM3e']
+  s = P.Suite(ROOT, [write_csv(tmp_path / 'v.csv', [row(g) for g in gpus])])
+  h100, h800, a800, pcie, gh, gh144 = s.cases
+  assert (h100.system_name, h100.cluster) == ('h100_sxm_80g', None)
+  assert h800.system_name == 'h100_sxm_80g'
+  assert h800.system_set == {'networks[0].bandwidth': 200}
+  assert h800.cluster == 'h800_sxm_80g' and '2412.19437' in why(
+    h800, 'system.networks[0].bandwidth')
+  assert a800.system_name == 'a100_sxm_80g' and a800.cluster == 'a800_sxm_80g'
+  assert a800.system_set == {'networks[0].bandwidth': 200}
+  assert pcie.cluster == 'h100_pcie'
+  assert pcie.system_set['networks[0].size'] == 2
+  assert pcie.system_set['matrix.bfloat16.tflops'] == {'times': 0.7645}
+  assert any('NVLink-bridged pair' in a for a in pcie.approximations)
+  for c, gib in ((gh, 96), (gh144, 144)):
+    assert c.system_name == 'h100_sxm_80g' and c.cluster == 'gh200'
+    assert c.system_set['mem1.GiB'] == gib
+    assert any('GH200 systems priced' in a for a in c.approximations)
+  t = {c.id: P.price(c, s.system(c)).predicted_s for c in (h100, h800)}
+  assert 1.0 < t[h800.id] / t[h100.id] < 2.25
