@@ -654,3 +654,69 @@ def test_hardware_variants_of_bundled_gpus(tmp_path):
     assert any('GH200 systems priced' in a for a in c.approximations)
   t = {c.id: P.price(c, s.system(c)).predicted_s for c in (h100, h800)}
   assert 1.0 < t[h800.id] / t[h100.id] < 2.25
+
+
+def _plain_row(**kw):
+  r = {k: '' for k in M.FACT_COLUMNS}
+  r.update(source='Acme Labs', model_name='GPT 20B', num_layers='44',
+           hidden='6144', attn_heads='48', seq_len='2048', vocab='50432',
+           num_gpus='64', gpu_type='A100 80GB', tp='4', pp='4',
+           global_batch_size='512', measured_metric_name='iteration_time_s',
+           measured_value='10')
+  r.update(kw)
+  return r
+
+
+def test_runs_reported_before_may_2022_use_no_later_technique(tmp_path):
+  """A run whose source cites an arXiv identifier up to 2204 or "et al.
+  2021" cannot have used FlashAttention (arXiv 2205.14135), sequence
+  parallelism or selective recomputation (arXiv 2205.05198), or tiled TP
+  overlap; any such source is searched without them.  A 2024 report (the
+  Llama 3 paper, arXiv 2407.21783) and an undated one still search them."""
+  rows = [_plain_row(source='Smith et al. 2022 (arXiv 2201.11990)'),
+          _plain_row(source='Doe et al. 2021, a training report'),
+          _plain_row(source='Grattafiori et al. 2024 (arXiv 2407.21783)'),
+          _plain_row(source='Acme Labs 2027')]
+  s = P.Suite(ROOT, [write_csv(tmp_path / 'v.csv', rows)])
+  old, old2, new, undated = s.cases
+  for c in (old, old2):
+    assert c.axes['attention_kernel'] == ['standard']
+    assert c.axes['activation_recompute'] == ['none', 'full']
+    assert c.axes['tensor_par_comm_type'] == ['ar', 'p2p_rs_ag']
+    assert c.axes['tensor_par_overlap'] == ['none']
+    assert '2205.14135' in why(c, 'attention_kernel')
+  for c in (new, undated):
+    assert 'flash' in c.axes['attention_kernel']
+    assert 'selective' in c.axes['activation_recompute']
+    assert 'rs_ag' in c.axes['tensor_par_comm_type']
+
+
+def test_framework_facts_in_the_notes_of_any_source(tmp_path):
+  """Notes naming DeepSeek-V3's DualPipe price the expert all-to-all
+  hidden behind the other chunk's compute with node-deduplicated
+  dispatch (DeepSeek-V3 sections 3.2.1-3.2.2); notes naming DeepSpeed's
+  pipeline engine price no interleaving and the gradient reduction after
+  the backward pass -- for a source no rule names."""
+  moe = _plain_row(model_name='DeepSeek-V3', num_layers='61', hidden='7168',
+                   ffn_hidden='18432', attn_heads='128', seq_len='4096',
+                   vocab='129280', num_gpus='2048', gpu_type='H800', tp='1',
+                   pp='16', global_batch_size='15360', dtype='fp8',
+                   notes='DualPipe. moe: num_experts=256; top_k=8; ep=64; '
+                   'moe_ffn_hidden=2048')
+  ds = _plain_row(notes="Megatron-DeepSpeed: DeepSpeed's pipeline engine")
+  s = P.Suite(ROOT, [write_csv(tmp_path / 'v.csv', [moe, ds])])
+  a, b = s.cases
+  assert a.fixed['moe_dispatcher'] == 'deepep'
+  assert a.axes['moe_comm_overlap'] == ['compute']
+  assert '2412.19437' in why(a, 'moe_comm_overlap')
+  assert b.axes['pipeline_interleaving'] == [1]
+  assert b.axes['data_par_overlap'] == [False]
+
+
+def test_unseen_runs_file_is_priced():
+  """validation/unseen_runs.csv (Llama 3 405B, MT-NLG 530B and
+  DeepSeek-V3 from their papers; never used by a calibration or a
+  source's rule): every row priced, none called infeasible."""
+  s = P.Suite(ROOT, [repo('validation', 'unseen_runs.csv')])
+  res = P.results_frame(P.run_suite(s))
+  assert len(res) == 7 and set(res['status']) == {'ok'}

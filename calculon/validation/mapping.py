@@ -709,10 +709,12 @@ class Mapper:
   def _axes(self, case, settings, tp, pp, dp, cp, batch):
     row, app, axes = case.row, case.app, case.axes
     seq = app['seq_size']
+    ruled = set()
 
     def from_rule(key, allowed, default):
       """A rule's value restricted to ``allowed`` (default: search all)."""
       if key in settings:
+        ruled.add(key)
         value, why = settings[key]
         values = value if isinstance(value, list) else [value]
         values = [v for v in values if v in allowed] or list(allowed)
@@ -823,7 +825,8 @@ class Mapper:
       axes['moe_comm_overlap'] = from_rule('moe_comm_overlap',
                                            allowed, allowed)
     for key in axes:
-      if len(axes[key]) > 1:
+      # A rule's list was named with its reason (from_rule).
+      if len(axes[key]) > 1 and key not in ruled:
         case.assume(key, list(axes[key]), 'unknown: searched')
 
 
