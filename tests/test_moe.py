@@ -260,6 +260,27 @@ def test_combine_keeps_the_expert_outputs_and_probabilities():
   assert not value(layer['Moe_Permute'].activation_stored)
 
 
+def test_probabilities_in_the_activation_keep_no_expert_outputs():
+  """Megatron-Core since commit 2659630721 (April 2025, core_v0.13.0)
+  scales the experts' activation by the router probabilities
+  (activation_func_with_probs), so the combine keeps only the fp32
+  probabilities: a Mixtral block stores tokens x k x h x 2 bytes less
+  (4096 x 2 x 4096 x 2 = 64 MiB) per microbatch, and the time is
+  unchanged."""
+  app = Application.from_dict(MIXTRAL)
+  common = dict(data_par=8, batch_size=8, expert_par=8,
+                attention_kernel='flash')
+  old = evaluation(app, System(H100), **common)
+  new = evaluation(app, System(H100), moe_probs_in_activation=True,
+                   **common)
+  layer = {l.name: l for l in new.layers}
+  tokens, k, h = 4096, 2, 4096
+  assert value(layer['Moe_Unpermute'].activation_bytes()) == tokens * k * 4
+  assert value(old.block.act_storage_bytes - new.block.act_storage_bytes) \
+    == tokens * k * h * 2
+  assert value(new.total_time_s) == value(old.total_time_s)
+
+
 def test_experts_are_divided_over_ep_and_load_imbalance_slows():
   app = Application.from_dict(dict(MIXTRAL, num_blocks=2))
   sysm = System(H100)

@@ -720,3 +720,16 @@ def test_unseen_runs_file_is_priced():
   s = P.Suite(ROOT, [repo('validation', 'unseen_runs.csv')])
   res = P.results_frame(P.run_suite(s))
   assert len(res) == 7 and set(res['status']) == {'ok'}
+
+
+def test_megatron_core_013_applies_the_probabilities_in_the_activation(suite):
+  """Megatron-Bridge and the model zoo run Megatron-Core with commit
+  2659630721 (core_v0.13.0): their MoE rows keep no expert outputs in the
+  combine; NeMo 25.02's Mixtral rows (Megatron-Core 0.11) and dense rows
+  keep the field's default."""
+  for rid in ('megatron-bridge-11', 'megatron-moe-modelzoo-01'):
+    c = case(suite, rid)
+    assert c.fixed['moe_probs_in_activation'] is True
+    assert '2659630721' in why(c, 'moe_probs_in_activation')
+  for rid in ('nvidia-03', 'megatron-bridge-01'):
+    assert 'moe_probs_in_activation' not in case(suite, rid).fixed

@@ -199,6 +199,7 @@ OPTIONAL_SPECS = {
   'fsdp_buffer_copies': (_BOOL, None, False),
   'cross_entropy_kernel': (Spec('str', choices=CROSS_ENTROPY_NAMES),
                            CROSS_ENTROPY_NAMES, 'fused'),
+  'moe_probs_in_activation': (_BOOL, None, False),
 }
 #: Calculon fields that new-style executions may leave out, with what their
 #: absence means (attention_type: as the application's kv_heads say;
@@ -341,7 +342,15 @@ class Execution:
   --cross-entropy-loss-fusion; 'unfused', the logits cast to float32 and
   the softmax cross-entropy taken by separate element-wise kernels, as
   Megatron-LM's vocab_parallel_cross_entropy without that flag and
-  PyTorch's cross_entropy on float32 logits; absent: 'fused').
+  PyTorch's cross_entropy on float32 logits; absent: 'fused'),
+  moe_probs_in_activation (Mixture-of-Experts: the router probabilities
+  scale the experts' activation, before their second GEMM, so the combine
+  is a plain sum that keeps nothing for the backward pass, as
+  Megatron-Core since April 2025 (commit 2659630721, "Memory efficient
+  token permutation": ``activation_func_with_probs``); absent: false, the
+  combine scales the expert outputs and keeps them for the probabilities'
+  gradient, as Megatron-Core's ``moe_utils.unpermute`` did before and
+  GShard's combine; ignored without experts).
   ``attention_type`` and ``optimizer_sharding`` may be left
   out when the application's ``kv_heads`` / ``data_par_sharding`` say.
   """
@@ -391,6 +400,7 @@ class Execution:
   recompute_modules: object = 'core_attn'
   fsdp_buffer_copies: bool = False
   cross_entropy_kernel: str = 'fused'
+  moe_probs_in_activation: bool = False
 
   @classmethod
   def from_dict(cls, cfg, source='<execution>'):

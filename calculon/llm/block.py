@@ -457,7 +457,8 @@ def _moe_mlp(app, exe, ctx, add, shape, norm_cls, norm_name, full, parallel,
       'reduce_scatter', recompute=inner, activation_stored=kept,
       present=allgather)
   add(WeightedCombine, 'Moe_Unpermute', dispatched, tokens * k,
-      recompute=inner, activation_stored=kept)
+      probs_in_activation=exe.moe_probs_in_activation, recompute=inner,
+      activation_stored=kept)
   if shared:
     batch_seq = shape.batch_seq
     s_up = 2 * shared if app.gated else shared

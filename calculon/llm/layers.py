@@ -702,14 +702,23 @@ class WeightedCombine(ElementWise):
   (tokens x k x h) outputs; for the backward pass it keeps the expert
   outputs (the probabilities' gradient) and the fp32 probabilities (the
   outputs' gradient), ``probs`` = tokens x k; the scatter-add keeps only
-  indices."""
+  indices.  ``probs_in_activation`` (bool or array): the probabilities
+  were applied in the experts' activation instead (Megatron-Core since
+  commit 2659630721, April 2025, ``activation_func_with_probs``: the
+  second GEMM is linear, so scaling its input scales its output), and the
+  combine keeps nothing; the activation keeps the fp32 probabilities
+  (counted here), its input being kept already."""
 
-  def __init__(self, name, ctx, dispatched, probs, **flags):
+  def __init__(self, name, ctx, dispatched, probs, probs_in_activation=False,
+               **flags):
     self.probs = probs
+    self.probs_in_activation = flag(probs_in_activation)
     super().__init__(name, ctx, dispatched, dispatched, **flags)
 
   def activation_bytes(self):
-    return (self.activation / 2) * self.act_bpe + self.probs * FP32_BYTES
+    outputs = where(self.probs_in_activation, 0.0,
+                    (self.activation / 2) * self.act_bpe)
+    return outputs + self.probs * FP32_BYTES
 
 
 class Fork(Layer):

@@ -120,6 +120,9 @@ class SearchSpec:
       FSDP2; the other candidates' records leave it out).
     cross_entropy_kernel: the loss's kernels in every candidate of the
       modern space ('fused' or 'unfused').
+    moe_probs_in_activation: with experts, every candidate of the modern
+      space applies the router probabilities in the experts' activation
+      (Megatron-Core since core_v0.13.0; see the execution field).
     prune: skip chunks whose best possible sample rate is below the n-th
       best found so far (exact, see :func:`chunk_rate_bound`; modern space
       only).
@@ -140,6 +143,7 @@ class SearchSpec:
   recompute_modules: object = None
   fsdp_buffer_copies: bool = False
   cross_entropy_kernel: str = 'fused'
+  moe_probs_in_activation: bool = True
   prune: bool = True
 
   def __post_init__(self):
@@ -380,6 +384,8 @@ def columns(spec, chunk):
       # Acts only with data_par_sharding 'parameters' (the engine reads it
       # so); records of the others leave it out.
       cols['fsdp_buffer_copies'] = np.bool_(True)
+    if spec.app.is_moe and spec.moe_probs_in_activation:
+      cols['moe_probs_in_activation'] = np.bool_(True)
     cols['optimizer_sharding'] = None
     # Modern frameworks checkpoint the block input as each rank holds it
     # (sequence-sharded with sequence parallelism).

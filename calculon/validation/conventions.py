@@ -73,6 +73,7 @@ SETTINGS = {
   'quantization_scaling': SCALING_NAMES,
   'fsdp_buffer_copies': 'bool',
   'cross_entropy_kernel': CROSS_ENTROPY_NAMES,
+  'moe_probs_in_activation': 'bool',
 }
 #: CSV columns a pattern may look at.
 MATCH_COLUMNS = ('source', 'model_name', 'gpu_type', 'dtype', 'recompute',

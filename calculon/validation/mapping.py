@@ -648,7 +648,8 @@ class Mapper:
                 'tensor_par_overlap_rs_dgrad', 'tensor_par_narrow_all_gather',
                 'narrow_param_gather',
                 'quantization_scaling',
-                'fsdp_buffer_copies', 'cross_entropy_kernel'):
+                'fsdp_buffer_copies', 'cross_entropy_kernel',
+                'moe_probs_in_activation'):
       # The scaling the dtype column names (datatypes table) wins.
       if key == 'quantization_scaling' and (not narrow or key in fixed):
         continue
