@@ -75,9 +75,11 @@ SETTINGS = {
   'cross_entropy_kernel': CROSS_ENTROPY_NAMES,
   'moe_probs_in_activation': 'bool',
 }
-#: CSV columns a pattern may look at.
+#: CSV columns a pattern may look at (the parallel degrees as written, e.g.
+#: ``pp: '^([2-9]|[1-9]\\d+)$'`` for pipeline parallelism).
 MATCH_COLUMNS = ('source', 'model_name', 'gpu_type', 'dtype', 'recompute',
-                 'seq_parallel', 'notes', 'measured_metric_name')
+                 'seq_parallel', 'notes', 'measured_metric_name', 'tp', 'pp',
+                 'dp', 'cp')
 
 
 def default_path(base_dir):
