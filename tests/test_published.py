@@ -756,3 +756,20 @@ def test_torchtitan_with_pipeline_keeps_fsdp_weights_gathered(suite):
   ev = evaluate_columns(c.priced_app, suite.system(c), cols)
   need_gib = float(ev.mem1_bytes.reshape(-1)[0]) / 2**30
   assert abs(need_gib / 82.5 - 1) < 0.2
+
+
+def test_measured_memory_from_the_notes(results):
+  """A row's notes may state its measured peak memory per GPU
+  (``peak_mem_GiB=83.9``); the suite compares it with the memory the
+  chosen execution needs.  torchtitan's benchmark file gives 15 (its
+  logged peak reserved memory): every one within 20 % (the model's need
+  is below what the allocator reserves: median +5 to +10 %)."""
+  assert M.measured_memory_gib('also: peak_mem_GiB=83.9.') == 83.9
+  assert M.measured_memory_gib('mem_GiB=46.97') == 46.97
+  assert M.measured_memory_gib('80 GB HBM3') is None
+  mem = results.dropna(subset=['delta_mem_pct'])
+  assert len(mem) == 15 and set(mem['source']) == {'pytorch/torchtitan'}
+  assert (mem['delta_mem_pct'].abs() < 20).all()
+  assert 0 < mem['delta_mem_pct'].median() < 10
+  s = P.summary(results)
+  assert s['memory']['n'] == 15

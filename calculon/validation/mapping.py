@@ -16,7 +16,9 @@ N``, ``moe_layer_freq``, ``capacity_factor``, ``ep``, ``etp``,
 group-limited routing); ``q_lora_rank``, ``kv_lora_rank``, ``qk_head_dim``,
 ``qk_rope_dim``, ``v_head_dim`` (multi-head latent attention);
 ``head_dim`` or ``kv_channels`` (the attention head width when it is not
-hidden / heads).
+hidden / heads); ``peak_mem_GiB`` or ``mem_GiB`` (the measured peak memory
+per GPU, GiB: compared with the memory the model needs, not used to price
+the time).
 """
 
 from dataclasses import dataclass, field
@@ -139,6 +141,19 @@ def number(value):
     return None
 
 
+#: A measured peak memory per GPU in the notes (GiB).
+_MEMORY_RE = re.compile(r'\b(?:peak_)?mem(?:ory)?_GiB\s*=\s*([0-9]+(?:\.[0-9]+)?)',
+                        re.IGNORECASE)
+
+
+def measured_memory_gib(notes):
+  """The measured peak memory per GPU a notes cell states
+  (``peak_mem_GiB=83.9`` or ``mem_GiB=...``), GiB; None when it states
+  none."""
+  m = _MEMORY_RE.search(text(notes))
+  return float(m.group(1)) if m else None
+
+
 def notes_facts(notes):
   """dict of the ``key=value`` facts of a notes cell (see the module)."""
   out = {}
@@ -221,6 +236,11 @@ class Case:
   @property
   def metric(self):
     return text(self.row.get('measured_metric_name'))
+
+  @property
+  def measured_mem_gib(self):
+    """Measured peak memory per GPU from the notes (GiB), or None."""
+    return measured_memory_gib(self.row.get('notes'))
 
   @property
   def expressible(self):

@@ -117,7 +117,10 @@ class Result:
   predicted_s / slowest_s: the fastest and the slowest feasible candidate
   (s); delta_pct / delta_slowest_pct: their deltas; execution: the chosen
   execution (JSON); over_memory: no candidate fits the memory, the fastest
-  is priced anyway (the message in ``reason``); tried: candidates priced.
+  is priced anyway (the message in ``reason``); tried: candidates priced;
+  predicted_mem_gib: memory tier 1 the chosen execution needs per GPU
+  (GiB); delta_mem_pct: 100 x (1 - predicted / measured) against the peak
+  memory the notes state (None without one).
   """
   case: object
   status: str
@@ -129,6 +132,8 @@ class Result:
   reason: str = ''
   over_memory: bool = False
   tried: int = 0
+  predicted_mem_gib: float = None
+  delta_mem_pct: float = None
 
 
 def layer_time_s(ev):
@@ -195,6 +200,11 @@ def price(case, system, measured_s=None):
     res.reason = 'no candidate fits the memory: ' + ev.reason_message(best)
   res.delta_pct = 100.0 * (1.0 - fast / measured_s)
   res.delta_slowest_pct = 100.0 * (1.0 - slow / measured_s)
+  mem = np.broadcast_to(np.asarray(ev.mem1_bytes, dtype=float), t.shape)
+  res.predicted_mem_gib = float(mem[best]) / 2**30
+  measured_mem = case.measured_mem_gib
+  if measured_mem:
+    res.delta_mem_pct = 100.0 * (1.0 - res.predicted_mem_gib / measured_mem)
   return res
 
 
@@ -365,6 +375,9 @@ def results_frame(results):
       'delta_pct': r.delta_pct, 'slowest_s': r.slowest_s,
       'delta_slowest_pct': r.delta_slowest_pct, 'status': r.status,
       'over_memory': r.over_memory,
+      'measured_mem_gib': c.measured_mem_gib,
+      'predicted_mem_gib': r.predicted_mem_gib,
+      'delta_mem_pct': r.delta_mem_pct,
       'settings': _choice(r.execution, c) if r.status == 'ok' else '',
       'candidates': r.tried, 'assumptions': c.assumptions_text(),
       'approximations': '; '.join(c.approximations),
@@ -419,6 +432,8 @@ def summary(frame):
     out['median_unknowns_range_pct'] = float(100 * spread.median())
   else:
     out['median_unknowns_range_pct'] = None
+  # Memory, over the priced rows whose notes state a measured peak.
+  out['memory'] = error_stats(ok['delta_mem_pct'] if len(ok) else [])
   return out
 
 
@@ -497,6 +512,22 @@ def format_report(frame, verbose=False, cases=None):
       'within 10%': per['within_10pct'].map(lambda v: f'{100 * v:.0f}%'),
       'max |delta|': per['max_abs_delta_pct'].map(lambda v: f'{v:.1f}%')})
     lines += ['', 'By source:', show.to_string()]
+    mem = ok[ok['delta_mem_pct'].notna()]
+    if len(mem):
+      m = s['memory']
+      show = pd.DataFrame({
+        'id': mem['id'], 'model': mem['model'].str.slice(0, 30),
+        'measured GiB': mem['measured_mem_gib'].map(_fmt),
+        'predicted GiB': mem['predicted_mem_gib'].map(_fmt),
+        'delta': mem['delta_mem_pct'].map(lambda v: f'{v:+.1f}%')})
+      lines += ['', 'Memory per GPU, where the notes state the measured peak '
+                '(delta = 100 * (1 - predicted / measured); the execution '
+                'priced above):', show.to_string(index=False),
+                f"  {m['n']} rows: |delta| median "
+                f"{m['median_abs_delta_pct']:.1f}%, within 10%: "
+                f"{100 * m['within_10pct']:.0f}%, within 20%: "
+                f"{100 * m['within_20pct']:.0f}%; median delta "
+                f"{m['median_delta_pct']:+.1f}% (positive: predicted less)"]
   bad = frame[frame['status'] == 'infeasible']
   if len(bad):
     lines += ['', 'Priced but infeasible in the model:']
