@@ -1151,6 +1151,30 @@ def test_narrow_all_gather_moves_float8_bytes():
     Execution.from_dict(exe)
 
 
+def test_wide_saved_inputs_keep_sixteen_bit_linear_inputs():
+  """torchao's Float8Linear saves the 16-bit input for the backward pass
+  (matmul_with_hp_or_float8_args: save_for_backward(input_hp, ...), since
+  pytorch/ao e76db70ec), Transformer Engine the float8 one: a Llama 3 8B
+  block at 8192 tokens, TP 1, keeps one more byte per element of the
+  inputs the linear layers keep themselves -- the output projection's
+  (8192 x 4096), the MLP's gate/up (8192 x 4096) and down projection's
+  (8192 x 14336); Q, K and V read the norm output, which the attention's
+  fork keeps in 16 bits either way -- and nothing else changes (the
+  time, the float8 TP all-gathers)."""
+  common = dict(datatype='float8', precision_recipe='transformer_engine',
+                batch_size=1, attention_kernel='flash')
+  te = evaluation(llama(), H100, **common)
+  ao = evaluation(llama(), H100, wide_saved_inputs=True, **common)
+  extra = 8192 * (4096 + 4096 + 14336)
+  assert value(ao.block.act_storage_bytes - te.block.act_storage_bytes) \
+    == extra
+  assert value(ao.total_time_s) == value(te.total_time_s)
+  exe = dict(BASE_EXE, wide_saved_inputs=True)
+  with pytest.raises(ConfigError,
+                     match='wide_saved_inputs.*transformer_engine'):
+    Execution.from_dict(exe)
+
+
 def test_sharded_optimizer_gathers_parameters_not_narrow_copies():
   """Under Transformer Engine the DP reduce-scatter moves the gradients of
   the 16-bit weights, and Megatron-Core's distributed optimizer all-gathers

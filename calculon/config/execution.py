@@ -200,6 +200,7 @@ OPTIONAL_SPECS = {
   'cross_entropy_kernel': (Spec('str', choices=CROSS_ENTROPY_NAMES),
                            CROSS_ENTROPY_NAMES, 'fused'),
   'moe_probs_in_activation': (_BOOL, None, False),
+  'wide_saved_inputs': (_BOOL, None, False),
 }
 #: Calculon fields that new-style executions may leave out, with what their
 #: absence means (attention_type: as the application's kv_heads say;
@@ -350,7 +351,12 @@ class Execution:
   token permutation": ``activation_func_with_probs``); absent: false, the
   combine scales the expert outputs and keeps them for the probabilities'
   gradient, as Megatron-Core's ``moe_utils.unpermute`` did before and
-  GShard's combine; ignored without experts).
+  GShard's combine; ignored without experts), wide_saved_inputs (only
+  with precision_recipe 'transformer_engine': the linear layers keep
+  their 16-bit input for the backward pass and cast it again there, as
+  torchao's Float8Linear does (``matmul_with_hp_or_float8_args`` saves
+  ``input_hp``, since pytorch/ao e76db70ec, October 2024); absent: false,
+  the narrow input is kept, as Transformer Engine does).
   ``attention_type`` and ``optimizer_sharding`` may be left
   out when the application's ``kv_heads`` / ``data_par_sharding`` say.
   """
@@ -401,6 +407,7 @@ class Execution:
   fsdp_buffer_copies: bool = False
   cross_entropy_kernel: str = 'fused'
   moe_probs_in_activation: bool = False
+  wide_saved_inputs: bool = False
 
   @classmethod
   def from_dict(cls, cfg, source='<execution>'):
@@ -819,6 +826,11 @@ RULES = (
        lambda c, i: '= false is not allowed: it qualifies a tiled TP '
        'overlap, which needs tensor_par_overlap = "ring" or "pipe"'),
   _te_only('tensor_par_narrow_all_gather', 'narrow GEMM inputs'),
+  Rule('wide_saved_inputs',
+       lambda c: np.asarray(c.wide_saved_inputs, dtype=bool) & (
+         c.precision_recipe != RECIPE_TE),
+       lambda c, i: '= true is not allowed: only the "transformer_engine" '
+       'precision recipe keeps narrow linear inputs to widen'),
   _te_only('narrow_param_gather', 'narrow weights'),
   Rule('fsdp_buffer_copies',
        lambda c: c.fsdp_buffer_copies & (c.sharding != SHARD_PARAMETERS),

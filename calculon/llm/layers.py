@@ -113,9 +113,11 @@ class BlockContext:
       backward GEMMs of its linear layers (bool or bool array; see
       :class:`TPComm`).
     tp_narrow_all_gather: TP all-gathers that feed a GEMM (f's forward,
-      g's backward) carry ``linear_act_bytes`` per element instead of
+      g's backward) carry ``narrow_bytes`` per element instead of
       ``io_bytes`` (the input cast before the gather: torchao's float8 TP
       styles); reduce-scatters and all-reduces keep ``io_bytes``.
+    narrow_bytes: bytes per element of the linear layers' GEMM inputs
+      (the narrow datatype's; default ``linear_act_bytes``).
     tp_overlap_rs_dgrad: with a tiled TP overlap, the reduce-scatter (or
       all-reduce) of a column-parallel layer's input gradient is tiled
       too (bool or bool array; false: it runs whole after the input-
@@ -129,7 +131,8 @@ class BlockContext:
                linear_act_bytes=None, linear_weight_bytes=None,
                other_weight_bytes=None, expert_optimizer_shards=None,
                expert_grad_shards=None, quantize_bytes=0.0, tp_async=False,
-               tp_overlap_rs_dgrad=True, tp_narrow_all_gather=False):
+               tp_overlap_rs_dgrad=True, tp_narrow_all_gather=False,
+               narrow_bytes=None):
     self.system = system
     self.dtype = dtype
     self.bytes_per_element = bytes_per_element
@@ -163,7 +166,8 @@ class BlockContext:
     #: Bytes per element of a TP all-gather feeding a GEMM: the narrow
     #: datatype's where the gather carries the cast input.
     self.tp_gather_bytes = where(flag(tp_narrow_all_gather),
-                                 self.linear_act_bytes, self.io_bytes)
+                                 given(narrow_bytes, self.linear_act_bytes),
+                                 self.io_bytes)
 
 
 class Layer:

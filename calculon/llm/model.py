@@ -198,7 +198,12 @@ class Evaluation:
       grad_shards=self.grad_shards, grad_bytes=self.grad_bytes,
       grad_buffer_bytes=np.where(grad_set, self.grad_bytes, FP32_BYTES),
       other_dtype=other_dtype, io_bytes=self.io_bytes,
-      linear_act_bytes=bpe, linear_weight_bytes=np.where(te, 2.0 + bpe, bpe),
+      # torchao keeps the 16-bit input of a narrow linear layer
+      # (wide_saved_inputs); Transformer Engine the narrow one.
+      linear_act_bytes=np.where(
+        np.asarray(e.wide_saved_inputs, dtype=bool), self.io_bytes, bpe),
+      narrow_bytes=bpe,
+      linear_weight_bytes=np.where(te, 2.0 + bpe, bpe),
       other_weight_bytes=np.where(te, 2.0, bpe),
       expert_optimizer_shards=np.where(sharding >= SHARD_OPTIMIZER, self.edp,
                                        1),

@@ -669,13 +669,13 @@ class Mapper:
                 'narrow_param_gather',
                 'quantization_scaling',
                 'fsdp_buffer_copies', 'cross_entropy_kernel',
-                'moe_probs_in_activation'):
+                'moe_probs_in_activation', 'wide_saved_inputs'):
       # The scaling the dtype column names (datatypes table) wins.
       if key == 'quantization_scaling' and (not narrow or key in fixed):
         continue
       # Narrow all-gathers exist only where the GEMMs take narrow inputs.
-      if key in ('tensor_par_narrow_all_gather', 'narrow_param_gather') \
-          and not narrow:
+      if key in ('tensor_par_narrow_all_gather', 'narrow_param_gather',
+                 'wide_saved_inputs') and not narrow:
         continue
       # FSDP's copies exist only where the rule shards the parameters.
       if key == 'fsdp_buffer_copies' and not fsdp:
