@@ -142,8 +142,8 @@ def number(value):
 
 
 #: A measured peak memory per GPU in the notes (GiB).
-_MEMORY_RE = re.compile(r'\b(?:peak_)?mem(?:ory)?_GiB\s*=\s*([0-9]+(?:\.[0-9]+)?)',
-                        re.IGNORECASE)
+_MEMORY_RE = re.compile(
+  r'\b(?:peak_)?mem(?:ory)?_GiB\s*=\s*([0-9]+(?:\.[0-9]+)?)', re.IGNORECASE)
 
 
 def measured_memory_gib(notes):
@@ -673,7 +673,8 @@ class Mapper:
       # The scaling the dtype column names (datatypes table) wins.
       if key == 'quantization_scaling' and (not narrow or key in fixed):
         continue
-      # Narrow all-gathers exist only where the GEMMs take narrow inputs.
+      # Narrow all-gathers and widened kept inputs exist only where the
+      # GEMMs take narrow inputs.
       if key in ('tensor_par_narrow_all_gather', 'narrow_param_gather',
                  'wide_saved_inputs') and not narrow:
         continue
