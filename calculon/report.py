@@ -33,6 +33,7 @@ TIME_PARTS = (
   ('EP dispatch/combine (exposed)', 'ep_comm_exposed_time'),
   ('embedding, LM head and loss', 'embedding_lm_head_time'),
   ('fixed overhead', 'overhead_time'),
+  ('MoE blocks waiting for the host', 'moe_host_time'),
 )
 #: (label, extra-statistic prefix) of the memory kinds.
 MEMORY_KINDS = (

@@ -281,6 +281,40 @@ def test_probabilities_in_the_activation_keep_no_expert_outputs():
   assert value(new.total_time_s) == value(old.total_time_s)
 
 
+def test_host_floor_of_moe_blocks():
+  """``overhead.per_moe_block_s``: a stage whose blocks' GPU work per
+  microbatch is shorter than its MoE blocks' host time waits for the host
+  (host-bound MoE layers; arXiv 2603.07685's "host-boundedness").  Two
+  Mixtral blocks on one H100 node, EP 8, 4 microbatches: a floor above the
+  GPU time adds (2 x floor - GPU time per microbatch) per microbatch,
+  shown as its own line of the time breakdown; a floor below it adds
+  nothing; a dense model ignores it."""
+  app = Application.from_dict(dict(MIXTRAL, num_blocks=2))
+  common = dict(data_par=8, batch_size=32, expert_par=8,
+                attention_kernel='flash')
+  plain = evaluation(app, System(H100), **common)
+  gpu = value(plain.fw_time_s + plain.bw_time_s + plain.recompute_time_s)
+  nmb = value(plain.num_microbatches)
+  per_mb = gpu / nmb
+  for floor in (per_mb, per_mb / 4):   # per block: 2 blocks a stage
+    ev = evaluation(app, System(dict(H100, overhead={
+      'per_moe_block_s': floor})), **common)
+    want = max(0.0, 2 * floor - per_mb) * nmb
+    assert value(ev.moe_host_time_s) == pytest.approx(want, rel=1e-9)
+    assert value(ev.total_time_s) == pytest.approx(
+      value(plain.total_time_s) + want, rel=1e-9)
+  assert value(plain.moe_host_time_s) == 0.0
+  dense = Application.from_dict({k: v for k, v in MIXTRAL.items()
+                                 if k not in ('num_experts', 'top_k',
+                                              'moe_ffn_hidden')})
+  d0 = evaluation(dense, System(H100), data_par=8, batch_size=32)
+  d1 = evaluation(dense, System(dict(H100, overhead={
+    'per_moe_block_s': 1.0})), data_par=8, batch_size=32)
+  assert value(d1.total_time_s) == value(d0.total_time_s)
+  with pytest.raises(ConfigError, match='per_moe_block_s'):
+    System(dict(H100, overhead={'per_moe_block_s': -1}))
+
+
 def test_experts_are_divided_over_ep_and_load_imbalance_slows():
   app = Application.from_dict(dict(MIXTRAL, num_blocks=2))
   sysm = System(H100)

@@ -188,20 +188,27 @@ class NetworkConfig:
 class OverheadConfig:
   """Fixed costs of a training step the layers do not account for: host
   work (kernel launches, Python, the data loader, logging, the gradient-norm
-  and loss reductions) that the accelerators wait for.  Both in seconds:
+  and loss reductions) that the accelerators wait for.  In seconds:
   ``per_step_s`` once per batch, ``per_microbatch_s`` once per microbatch
-  of a data-parallel replica (its forward and backward schedule).  Absent:
-  0 (Calculon).  Usually fitted by ``calculon calibrate``.
+  of a data-parallel replica (its forward and backward schedule), both
+  added; ``per_moe_block_s`` the host's time to launch one
+  Mixture-of-Experts block's kernels for one microbatch, forward and
+  backward, a floor rather than an addition: a stage whose blocks' GPU
+  work per microbatch is shorter than its MoE blocks' host time waits for
+  the host (host-bound; Megatron-Core's MoE report, arXiv 2603.07685,
+  names it among MoE's walls and removes it with CUDA graphs).  Absent: 0
+  (Calculon).  Usually fitted by ``calculon calibrate``.
   """
   per_step_s: float = 0.0
   per_microbatch_s: float = 0.0
+  per_moe_block_s: float = 0.0
 
   @classmethod
   def read(cls, reader, name):
     sub = Reader(reader.get(name, Spec('dict')), reader.source,
                  reader.field_path(name))
     values = {}
-    for key in ('per_step_s', 'per_microbatch_s'):
+    for key in ('per_step_s', 'per_microbatch_s', 'per_moe_block_s'):
       if key in sub.obj:
         values[key] = float(sub.get(key, Spec('number', lo=0)))
     sub.finish()
@@ -233,7 +240,8 @@ class SystemConfig:
   def from_dict(cls, cfg, source='<system>'):
     """Reads and validates a system.
 
-    Optional ``overhead``: {"per_step_s": s, "per_microbatch_s": s}
+    Optional ``overhead``: {"per_step_s": s, "per_microbatch_s": s,
+    "per_moe_block_s": s}
     (:class:`OverheadConfig`).  Optional ``fused_attention_efficiency``
     (0, 1]: the share of the matrix engine's GEMM efficiency a fused
     attention kernel (FlashAttention) reaches at the same FLOP count

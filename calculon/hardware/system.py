@@ -49,6 +49,10 @@ class System:
       overhead.per_step_s
     self.overhead_per_microbatch_s = None if overhead is None else \
       overhead.per_microbatch_s
+    #: Host time per MoE block and microbatch (s; a floor, see
+    #: :class:`~calculon.config.system.OverheadConfig`); 0 without one.
+    self.overhead_per_moe_block_s = 0.0 if overhead is None else \
+      overhead.per_moe_block_s
     #: Share of the GEMM efficiency fused attention kernels reach (None:
     #: the file does not say; priced as GEMMs).
     self.fused_attention_efficiency = cfg.fused_attention_efficiency

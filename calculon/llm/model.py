@@ -1524,7 +1524,28 @@ class Evaluation:
       extra = extra + self.ep_comm_exposed_time_s
     if self.system.overhead_per_step_s is not None:
       extra = extra + self.overhead_time_s
+    if self.app.is_moe and getattr(self.system, 'overhead_per_moe_block_s',
+                                   0.0):
+      extra = extra + self.moe_host_time_s
     return extra
+
+  @cached_property
+  def moe_host_time_s(self):
+    """Time the stage waits for the host (whole batch): per microbatch, its
+    MoE blocks' host time (``overhead.per_moe_block_s`` x MoE blocks of the
+    busiest stage) beyond the GPU time of its blocks (forward, backward and
+    recomputation), over every microbatch and the pipeline bubble (which
+    the longer microbatch lengthens in proportion).  0 without MoE or
+    without the overhead."""
+    host = getattr(self.system, 'overhead_per_moe_block_s', 0.0)
+    if not self.app.is_moe or not np.any(host):
+      return 0.0
+    gpu = self.fw_time_s + self.bw_time_s + self.recompute_time_s
+    with np.errstate(divide='ignore', invalid='ignore'):
+      per_mb = gpu / self.num_microbatches
+      short = np.maximum(0.0, host * self.moe_blocks_per_proc - per_mb)
+      bubble = np.where(gpu > 0, self.bubble_time_s / gpu, 0.0)
+    return short * self.num_microbatches * (1.0 + bubble)
 
   @cached_property
   def overhead_time_s(self):

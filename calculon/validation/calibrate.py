@@ -72,6 +72,8 @@ PARAMETERS = {
   'net1': 'scale of network tier 1 efficiency',
   'per_step_s': 'fixed overhead per batch (s)',
   'per_microbatch_s': 'fixed overhead per microbatch of a replica (s)',
+  'per_moe_block_s': 'host time per MoE block and microbatch (s), a floor '
+  'under its GPU work (host-bound MoE layers)',
 }
 #: Parameters tried when --params is not given (the undetermined ones are
 #: dropped, with a note).  The host's fixed overhead is tried per
@@ -83,10 +85,14 @@ PARAMETERS = {
 #: steps 25-36 % too slow (docs/accuracy.md, section 4).  ``--params
 #: per_step_s`` still fits it.
 DEFAULT_PARAMETERS = ('matrix', 'matrix_narrow', 'per_microbatch_s', 'net1',
-                      'moe', 'net0', 'vector', 'attention')
-OVERHEADS = ('per_step_s', 'per_microbatch_s')
+                      'moe', 'net0', 'vector', 'attention', 'per_moe_block_s')
+OVERHEADS = ('per_step_s', 'per_microbatch_s', 'per_moe_block_s')
+#: Overheads that are floors under the GPU work, not additions (the engine
+#: prices them; the surrogate approximates them, :func:`surrogate_time`).
+FLOORS = ('per_moe_block_s',)
 #: Upper bounds of the overheads (s).
-OVERHEAD_BOUNDS = {'per_step_s': 60.0, 'per_microbatch_s': 1.0}
+OVERHEAD_BOUNDS = {'per_step_s': 60.0, 'per_microbatch_s': 1.0,
+                   'per_moe_block_s': 0.05}
 #: Lowest scale of an efficiency.
 MIN_SCALE = 0.1
 #: Points (x = prior / theta: the time multiplier of a scaled component)
@@ -226,6 +232,11 @@ def file_overheads(cfg):
           float(over.get('per_microbatch_s', 0.0)))
 
 
+def file_moe_host(cfg):
+  """per_moe_block_s of a system JSON (0 when absent)."""
+  return float((cfg.get('overhead') or {}).get('per_moe_block_s', 0.0))
+
+
 # -- an array-valued system ----------------------------------------------------------
 
 class _ScaledProcessor:
@@ -322,9 +333,13 @@ class ScaledSystem(System):
       if base is not None or np.any(np.asarray(scale) != 1.0):
         setattr(self, key, np.minimum(1.0, (1.0 if base is None else base)
                                       * scale))
-    # Overheads are added outside the engine (they add exactly).
+    # Overheads are added outside the engine (they add exactly); the MoE
+    # host floor is not an addition: the engine prices it (scalar only).
     self.overhead_per_step_s = None
     self.overhead_per_microbatch_s = None
+    host = theta.get('per_moe_block_s', 0.0)
+    self.overhead_per_moe_block_s = float(host) if np.ndim(host) == 0 \
+      else 0.0
 
 
 # -- pricing a run at given parameters -----------------------------------------------
@@ -352,7 +367,8 @@ def _grid_times(case, cfg, theta):
   from calculon.validation.published import layer_time_s
   exe = candidate_columns(case)
   system = ScaledSystem(cfg, {k: v for k, v in theta.items()
-                              if k not in OVERHEADS}, ndim=len(exe.shape))
+                              if k not in OVERHEADS or k in FLOORS},
+                        ndim=len(exe.shape))
   ev = evaluate_columns(case.priced_app, system, exe, validate=False)
   shape = exe.shape
   with np.errstate(all='ignore'):
@@ -397,7 +413,10 @@ class Run:
   engine parameters along the axes); times (K x C engine times of the C
   kept candidates at the K points: the linearization point, then
   AXIS_POINTS along each parameter); nmb (C microbatches); layer (a
-  per-layer measurement: no overheads).
+  per-layer measurement: no overheads); for the MoE host floor, per
+  candidate at the linearization point: gpu_mb (the stage's block GPU
+  time per microbatch, s), moe_blocks (MoE blocks of the stage),
+  bubble_factor (1 + bubble / block GPU time); None without experts.
   """
   case: object
   system: str
@@ -408,6 +427,9 @@ class Run:
   times: np.ndarray = None
   nmb: np.ndarray = None
   layer: bool = False
+  gpu_mb: np.ndarray = None
+  moe_blocks: np.ndarray = None
+  bubble_factor: np.ndarray = None
 
   @property
   def id(self):
@@ -458,10 +480,22 @@ def linearize(case, cfg, lin, measured_s, system_name):
       else ev.total_time_s
   times = np.broadcast_to(np.asarray(times, dtype=float),
                           (len(points), len(records))).copy()
+  gpu_mb = moe_blocks = bubble = None
+  if case.app.get('num_experts'):
+    shape = (len(points), len(records))
+
+    def first(x):
+      return np.broadcast_to(np.asarray(x, dtype=float), shape)[0].copy()
+    with np.errstate(all='ignore'):
+      gpu0 = first(ev.fw_time_s + ev.bw_time_s + ev.recompute_time_s)
+      gpu_mb = gpu0 / first(ev.num_microbatches)
+      moe_blocks = first(ev.moe_blocks_per_proc)
+      bubble = 1.0 + np.where(gpu0 > 0, first(ev.bubble_time_s) / gpu0, 0.0)
   return Run(case=case, system=system_name, cfg=cfg, measured_s=measured_s,
              lin=lin, names=names, times=times,
              nmb=np.array([nmb[i] for i in idx]),
-             layer=case.metric == 'layer_fwd_plus_bwd_ms')
+             layer=case.metric == 'layer_fwd_plus_bwd_ms',
+             gpu_mb=gpu_mb, moe_blocks=moe_blocks, bubble_factor=bubble)
 
 
 _XS = np.array(AXIS_POINTS)
@@ -500,6 +534,14 @@ def surrogate_time(run, theta):
         total = total + (f - base)
     k += n
   total = total + _overhead(theta, run.nmb, run.layer)
+  host = theta.get('per_moe_block_s', 0.0)
+  if host and run.moe_blocks is not None:
+    # The stage's GPU time per microbatch moves with the scales as the
+    # whole does (approximately); the engine prices the floor exactly.
+    with np.errstate(all='ignore'):
+      gpu_mb = run.gpu_mb * np.where(base > 0, total / base, 1.0)
+    short = np.maximum(0.0, host * run.moe_blocks - gpu_mb)
+    total = total + short * run.nmb * run.bubble_factor
   return float(np.min(total))
 
 
@@ -531,7 +573,8 @@ def _theta(name, z, sigma_over):
 
 #: Prior widths: log scale (1.0: a factor e) and overheads (s).
 PRIOR_SIGMA = 1.0
-OVERHEAD_SIGMA = {'per_step_s': 2.0, 'per_microbatch_s': 0.05}
+OVERHEAD_SIGMA = {'per_step_s': 2.0, 'per_microbatch_s': 0.05,
+                  'per_moe_block_s': 0.01}
 
 
 #: Narrower prior widths (log units) of the scales whose file values are
@@ -611,7 +654,10 @@ def _data_jacobian(runs, names, theta):
     # Scales step down: an efficiency of 1 (a file without
     # fused_attention_efficiency...) cannot go up, so the other side is
     # flat.
-    step = -1e-3 if is_scale(name) else OVERHEAD_SIGMA[name] * 1e-3
+    # A floor is flat until it exceeds the GPU work: its sensitivity is
+    # the secant over one prior width.
+    step = -1e-3 if is_scale(name) else OVERHEAD_SIGMA[name] * (
+      1.0 if name in FLOORS else 1e-3)
     t = dict(theta)
     t[name] = theta.get(name, 1.0 if is_scale(name) else 0.0)
     t[name] = t[name] * math.exp(step) if is_scale(name) else t[name] + step
@@ -680,8 +726,10 @@ def fit(runs, names, prior, sigma=PRIOR_SIGMA, start=None,
   def inside(z):
     return [min(max(v, a + 0.02 * (b - a)), b - 0.02 * (b - a))
             for v, a, b in zip(z, z_lo, z_hi)]
+  # A floor is flat below the runs' GPU times: it starts at one width.
   z0 = inside([_z(n, theta0[n], over) if is_scale(n) else
-               max(_z(n, theta0[n], over), 0.2) for n in names])
+               max(_z(n, theta0[n], over), 1.0 if n in FLOORS else 0.2)
+               for n in names])
   z1 = inside([v - 0.2 if is_scale(n) else v for n, v in zip(names, z0)])
   z = np.array([])
   if names:
@@ -849,7 +897,8 @@ def prior_of(cfg, names=()):
   prior = {k: 1.0 for k in PARAMETERS if is_scale(k)}
   for i in range(len(cfg['networks'])):
     prior[f'net{i}'] = 1.0
-  prior.update({'per_step_s': step, 'per_microbatch_s': mb})
+  prior.update({'per_step_s': step, 'per_microbatch_s': mb,
+                'per_moe_block_s': file_moe_host(cfg)})
   for name in names:
     prior.setdefault(name, 1.0)
   return prior
@@ -914,9 +963,8 @@ def prepare(suite, progress=None, systems=None):
       continue
     if run is None:
       continue
-    step, mb = file_overheads(cfg)
-    run_times = run.times[0] + (0 if run.layer else step + mb * run.nmb)
-    before[case.id] = float(np.min(run_times))
+    # The file's overheads and MoE host floor, as the engine prices them.
+    before[case.id] = surrogate_time(run, prior_of(cfg))
     runs.append(run)
     progress(f'  linearized {case.id}')
   return Prepared(runs, before)
