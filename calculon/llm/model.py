@@ -1524,10 +1524,7 @@ class Evaluation:
       extra = extra + self.ep_comm_exposed_time_s
     if self.system.overhead_per_step_s is not None:
       extra = extra + self.overhead_time_s
-    if self.app.is_moe and getattr(self.system, 'overhead_per_moe_block_s',
-                                   0.0):
-      extra = extra + self.moe_host_time_s
-    return extra
+    return extra + self.moe_host_time_s
 
   @cached_property
   def moe_host_time_s(self):
@@ -1537,7 +1534,7 @@ class Evaluation:
     recomputation), over every microbatch and the pipeline bubble (which
     the longer microbatch lengthens in proportion).  0 without MoE or
     without the overhead."""
-    host = getattr(self.system, 'overhead_per_moe_block_s', 0.0)
+    host = self.system.overhead_per_moe_block_s
     if not self.app.is_moe or not np.any(host):
       return 0.0
     gpu = self.fw_time_s + self.bw_time_s + self.recompute_time_s

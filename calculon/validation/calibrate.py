@@ -226,15 +226,10 @@ def apply(cfg, theta, note=None):
 
 
 def file_overheads(cfg):
-  """(per_step_s, per_microbatch_s) of a system JSON (0 when absent)."""
+  """name -> value (s) of every overhead (:data:`OVERHEADS`) of a system
+  JSON (0 when absent)."""
   over = cfg.get('overhead') or {}
-  return (float(over.get('per_step_s', 0.0)),
-          float(over.get('per_microbatch_s', 0.0)))
-
-
-def file_moe_host(cfg):
-  """per_moe_block_s of a system JSON (0 when absent)."""
-  return float((cfg.get('overhead') or {}).get('per_moe_block_s', 0.0))
+  return {k: float(over.get(k, 0.0)) for k in OVERHEADS}
 
 
 # -- an array-valued system ----------------------------------------------------------
@@ -893,12 +888,10 @@ def _pursuit(runs, names, prior, limit):
 
 def prior_of(cfg, names=()):
   """The file's values of the parameters: scales 1, overheads as written."""
-  step, mb = file_overheads(cfg)
   prior = {k: 1.0 for k in PARAMETERS if is_scale(k)}
   for i in range(len(cfg['networks'])):
     prior[f'net{i}'] = 1.0
-  prior.update({'per_step_s': step, 'per_microbatch_s': mb,
-                'per_moe_block_s': file_moe_host(cfg)})
+  prior.update(file_overheads(cfg))
   for name in names:
     prior.setdefault(name, 1.0)
   return prior
@@ -1282,7 +1275,6 @@ def calibrate_system(suite, cfg, cases, names=None, sigma=PRIOR_SIGMA,
                                               r.measured_s) for r in runs]),
                  runs=len(runs), prior=dict(prior))
   rows = []
-  step, mb = file_overheads(base)
   for r in runs:
     before, _ = exact_prediction(r.case, r.cfg, file_prior)
     after, _ = exact_prediction(r.case, r.cfg, result.theta)
