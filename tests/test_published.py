@@ -545,6 +545,69 @@ def test_measured_conversions():
     model / (0.5 * 312e12 * 8))
 
 
+
+def test_measured_metric_aliases():
+  """Names as logs and papers write them read as the five metrics, their
+  values converted; an unknown name is not priced, with the known ones."""
+  row = {'measured_value': '', 'num_gpus': '8', 'seq_len': '4096',
+         'global_batch_size': '64'}
+  for name, value, metric, converted in (
+      ('Step time (ms)', '2500', 'iteration_time_s', 2.5),
+      ('Elapsed time per iteration (ms)', '2500', 'iteration_time_s', 2.5),
+      ('step_time_s', '2.5', 'iteration_time_s', 2.5),
+      ('tokens/sec', '80000', 'tokens_per_sec_per_gpu', 10000),
+      ('Tokens/s/GPU', '10000', 'tokens_per_sec_per_gpu', 10000),
+      ('TGS', '10000', 'tokens_per_sec_per_gpu', 10000),
+      ('samples/sec', '20', 'tokens_per_sec_per_gpu', 20 * 4096 / 8),
+      ('TFLOP/s/GPU', '400', 'tflops_per_gpu', 400),
+      ('MFU', '0.42', 'mfu_pct', 42), ('MFU', '42', 'mfu_pct', 42),
+      ('mfu_pct', '42', 'mfu_pct', 42)):
+    c = M.Case(row=dict(row, measured_metric_name=name,
+                        measured_value=value))
+    assert (c.metric, c.measured_value) == (metric, pytest.approx(
+      converted)), name
+  c = M.Case(row=dict(row, measured_metric_name='bogus', measured_value='1'))
+  assert c.metric == 'bogus' and c.measured_value is None
+
+
+def test_bad_cells_of_a_runs_file_are_not_priced_with_the_reason(tmp_path):
+  base = {k: '' for k in M.FACT_COLUMNS}
+  base.update(source='Acme Labs 2027', model_name='Acme-7', num_layers='16',
+              hidden='2048', attn_heads='16', seq_len='4096', num_gpus='16',
+              gpu_type='H100 80GB', tp='2', pp='1', global_batch_size='64',
+              measured_metric_name='Step time (ms)', measured_value='900')
+  rows = [base, dict(base, measured_value='-3'),
+          dict(base, measured_value='n/a'), dict(base, num_layers='0'),
+          dict(base, tp='two'), dict(base, pp='1.5'),
+          dict(base, recompute='sometimes', seq_parallel='maybe',
+               dtype='fp7'),
+          dict(base, global_batch_size='1000', micro_batch_size='3')]
+  s = P.Suite(ROOT, [write_csv(tmp_path / 'acme.csv', rows)])
+  res = {r.case.id: r for r in P.run_suite(s)}
+  ok = res['acme-01']
+  assert ok.status == 'ok' and ok.case.measured_s == pytest.approx(0.9)
+  assert why(ok.case, 'measured_metric_name') == \
+    "'Step time (ms)' read as iteration_time_s (the value x 0.001)"
+  for rid, needle in (
+      ('acme-02', "measured value '-3' is not a positive number"),
+      ('acme-03', "measured value 'n/a' is not a number"),
+      ('acme-04', "column 'num_layers' = '0' is not allowed"),
+      ('acme-05', "column 'tp' = 'two' is not allowed"),
+      ('acme-06', "column 'pp' = '1.5' is not allowed"),
+      # The grid index of the execution is not part of the reason.
+      ('acme-08', "field 'microbatch_size' = 3 is not allowed: must divide "
+       'the local batch size')):
+    assert res[rid].status == 'not priced' and \
+      res[rid].reason.startswith(needle), (rid, res[rid].reason)
+  odd = res['acme-07'].case
+  assert res['acme-07'].status == 'ok'
+  assert why(odd, 'activation_recompute') == \
+    "recompute column 'sometimes' not understood (recompute table): searched"
+  assert why(odd, 'datatype') == \
+    "dtype column 'fp7' not understood (datatypes table): the default"
+  assert any("seq_parallel column 'maybe' not understood" in a
+             for a in odd.approximations)
+
 # The suite's accuracy with the bundled (uncalibrated) systems.  A model or
 # conventions change that moves these moves accuracy: update
 # docs/accuracy.md with them.

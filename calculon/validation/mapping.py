@@ -44,6 +44,11 @@ FACT_COLUMNS = (
   'kv_heads', 'seq_len', 'vocab', 'num_gpus', 'gpu_type', 'tp', 'pp', 'dp',
   'cp', 'vp', 'global_batch_size', 'micro_batch_size', 'recompute',
   'seq_parallel', 'dtype', 'measured_metric_name', 'measured_value', 'notes')
+#: Fact columns that hold counts: blank, or a whole number >= 1.
+COUNT_COLUMNS = (
+  'num_layers', 'hidden', 'ffn_hidden', 'attn_heads', 'kv_heads', 'seq_len',
+  'vocab', 'num_gpus', 'tp', 'pp', 'dp', 'cp', 'vp', 'global_batch_size',
+  'micro_batch_size')
 #: Fact columns a file must have (the others may be absent: blank).
 REQUIRED_COLUMNS = ('source', 'model_name', 'num_gpus', 'gpu_type',
                     'seq_len', 'measured_metric_name', 'measured_value')
@@ -71,6 +76,52 @@ CONVERSIONS = {
   'backward of one microbatch = value / 1000 (s); predicted with a 1-block '
   'model: fw + bw + recompute + exposed TP communication',
 }
+#: Other names of the measured metrics, as logs and papers write them
+#: (matched in lower case, '/' read as 'per', parentheses dropped, spaces
+#: and dashes as '_': "Step time (ms)" is step_time_ms): name
+#: -> (the metric of :data:`CONVERSIONS`, how the value becomes it: a
+#: factor; 'per_gpu', divided by the GPUs; 'samples', samples per second
+#: of the whole job times the sequence over the GPUs; 'fraction_or_pct',
+#: MFU as a fraction when at most 1, else in percent).  Megatron-LM's log
+#: prints "elapsed time per iteration (ms)"; "TGS" is tokens per GPU per
+#: second.
+METRIC_ALIASES = {
+  **{name: ('iteration_time_s', 1.0) for name in (
+    'step_time_s', 'step_time', 'iteration_time', 'iter_time_s',
+    'batch_time_s', 'time_per_step_s', 'time_per_iteration_s',
+    'elapsed_time_per_iteration_s', 'seconds_per_step', 's_per_step')},
+  **{name: ('iteration_time_s', 1e-3) for name in (
+    'iteration_time_ms', 'step_time_ms', 'iter_time_ms', 'batch_time_ms',
+    'time_per_step_ms', 'elapsed_time_per_iteration_ms')},
+  **{name: ('tokens_per_sec_per_gpu', 1.0) for name in (
+    'tokens_per_second_per_gpu', 'tokens_per_s_per_gpu', 'tok_per_s_per_gpu',
+    'tokens_per_sec_per_device', 'tgs')},
+  **{name: ('tokens_per_sec_per_gpu', 'per_gpu') for name in (
+    'tokens_per_sec', 'tokens_per_second', 'tokens_per_s', 'throughput_tokens_per_sec')},
+  **{name: ('tokens_per_sec_per_gpu', 'samples') for name in (
+    'samples_per_sec', 'samples_per_second', 'sequences_per_sec',
+    'sequences_per_second')},
+  **{name: ('tflops_per_gpu', 1.0) for name in (
+    'tflops', 'model_tflops_per_gpu', 'tflops_per_device',
+    'tflop_per_s_per_gpu', 'tflops_per_s_per_gpu')},
+  **{name: ('mfu_pct', 'fraction_or_pct') for name in (
+    'mfu', 'mfu_percent', 'mfu_%')},
+}
+
+
+def canonical_metric(name):
+  """(metric of :data:`CONVERSIONS`, conversion) of a measured metric name
+  (itself with factor 1 when it is one; :data:`METRIC_ALIASES`), or (name,
+  None) when unknown."""
+  if name in CONVERSIONS:
+    return name, 1.0
+  key = name.strip().lower().replace('/', ' per ')
+  key = re.sub(r'[\s_-]+', '_', re.sub(r'[()]', ' ', key)).strip('_')
+  if key in CONVERSIONS:
+    return key, 1.0
+  return METRIC_ALIASES.get(key, (name, None))
+
+
 #: FLOP conventions (the ``flops_convention`` setting).
 FLOPS_CONVENTION_TEXT = {
   'model_full': 'model FLOP, whole attention matrix (PaLM appendix B 6N + '
@@ -129,6 +180,15 @@ def blank(value):
 def text(value):
   """The cell as a stripped string ('' when blank)."""
   return '' if blank(value) else str(value).strip()
+
+
+def _is_count(cell):
+  """Whether a non-blank cell is a whole number >= 1."""
+  try:
+    value = float(cell)
+  except ValueError:
+    return False
+  return math.isfinite(value) and value >= 1 and value == int(value)
 
 
 def number(value):
@@ -235,7 +295,30 @@ class Case:
 
   @property
   def metric(self):
-    return text(self.row.get('measured_metric_name'))
+    """The measured metric, one of :data:`CONVERSIONS` when the row's
+    name is one or an alias of one (:data:`METRIC_ALIASES`)."""
+    return canonical_metric(text(self.row.get('measured_metric_name')))[0]
+
+  @property
+  def measured_value(self):
+    """The measured value in :attr:`metric`'s unit (None when it is not
+    a number or the metric is unknown)."""
+    name = text(self.row.get('measured_metric_name'))
+    _, how = canonical_metric(name)
+    try:
+      value = float(text(self.row.get('measured_value')))
+    except ValueError:
+      return None
+    if how is None:
+      return None
+    if how == 'per_gpu':
+      return value / number(self.row.get('num_gpus'))
+    if how == 'samples':
+      return value * number(self.row.get('seq_len')) / number(
+        self.row.get('num_gpus'))
+    if how == 'fraction_or_pct':
+      return value * 100 if value <= 1 else value
+    return value * how
 
   @property
   def measured_mem_gib(self):
@@ -526,7 +609,11 @@ class Mapper:
     scaling = None if entry is None else entry.get('quantization_scaling')
     if entry is None:
       dtype, recipe = d.get('datatype', 'bfloat16'), 'uniform'
-      case.assume('datatype', dtype, 'not stated: the default')
+      stated = text(row.get('dtype'))
+      case.assume('datatype', dtype,
+                  f'dtype column {stated!r} not understood (datatypes '
+                  'table): the default' if stated else
+                  'not stated: the default')
     else:
       dtype = entry['datatype']
       recipe = entry.get('precision_recipe', 'uniform')
@@ -574,13 +661,31 @@ class Mapper:
       if reason.strip():
         case.missing.append(reason.strip())
     metric = case.metric
+    raw = text(row.get('measured_metric_name'))
     if metric not in CONVERSIONS:
       case.missing.append(f'metric {metric!r} (the conversions know '
-                          f"{', '.join(CONVERSIONS)})")
+                          f"{', '.join(CONVERSIONS)} and their aliases)")
+    elif raw != metric:
+      how = canonical_metric(raw)[1]
+      rule = {'per_gpu': 'divided by the GPUs',
+              'samples': 'times the sequence over the GPUs',
+              'fraction_or_pct': 'x 100 when at most 1 (a fraction)'}.get(
+                how) if isinstance(how, str) else (
+                  f'x {how:g}' if how != 1 else 'as it is')
+      case.assume('measured_metric_name', metric,
+                  f'{raw!r} read as {metric} (the value {rule})')
+    measured = text(row.get('measured_value'))
     try:
-      float(text(row.get('measured_value')))
+      if not 0 < float(measured) < math.inf:
+        case.missing.append(f'measured value {measured!r} is not a positive '
+                            'number')
     except ValueError:
-      case.missing.append('measured value not a number')
+      case.missing.append(f'measured value {measured!r} is not a number')
+    for col in COUNT_COLUMNS:
+      cell = text(row.get(col))
+      if cell and not _is_count(cell):
+        case.missing.append(f"column '{col}' = {cell!r} is not allowed: blank "
+                            'or a whole number >= 1')
     self._hardware(case)
     facts = notes_facts(row.get('notes'))
     if number(row.get('seq_len')) is None:
@@ -809,6 +914,12 @@ class Mapper:
       axes['activation_recompute'] = from_rule(
         'activation_recompute', RECOMPUTE_NAMES,
         ('none', 'selective', 'full'))
+      if rec_text and entry is None and 'activation_recompute' not in ruled:
+        ruled.add('activation_recompute')
+        case.assume('activation_recompute',
+                    list(axes['activation_recompute']),
+                    f'recompute column {rec_text!r} not understood '
+                    '(recompute table): searched')
     # TP communication (sequence parallelism).
     sp = text(row.get('seq_parallel'))
     if tp == 1:
@@ -816,6 +927,10 @@ class Mapper:
     elif sp and self.conv.sp_yes.search(sp):
       axes['tensor_par_comm_type'] = ['rs_ag']
     else:
+      if sp and not self.conv.sp_no.search(sp):
+        case.approximations.append(
+          f'seq_parallel column {sp!r} not understood (neither yes nor no): '
+          'the TP communication is searched')
       allowed = ['ar', 'p2p_rs_ag'] if sp and self.conv.sp_no.search(sp) \
         else ['ar', 'p2p_rs_ag', 'rs_ag']
       if pp == 1:
@@ -935,7 +1050,7 @@ def measured_time_s(case, peak_flops=None):
   """
   row = case.row
   metric = case.metric
-  value = float(text(row['measured_value']))
+  value = case.measured_value
   n = number(row.get('num_gpus'))
   batch = number(row.get('global_batch_size'))
   if metric == 'iteration_time_s':

@@ -178,7 +178,11 @@ def price(case, system, measured_s=None):
   try:
     t, feasible, reason, ev = case_times(case, system)
   except ConfigError as err:
-    return Result(case, 'not priced', reason=str(err).split(': ', 1)[-1])
+    # From the field on: the grid index of the execution means nothing here.
+    message = str(err)
+    at = message.find("field '")
+    return Result(case, 'not priced', reason=message[at:] if at >= 0 else
+                  message.split(': ', 1)[-1])
   measured_s = case.measured_s if measured_s is None else measured_s
   over = False
   ok = feasible
@@ -362,7 +366,7 @@ def results_frame(results):
     par = '/'.join(str(number(row.get(k)) or '?') for k in ('tp', 'pp', 'dp'))
     if (number(row.get('cp')) or 1) > 1:
       par += f"/cp{number(row.get('cp'))}"
-    measured = _float(row.get('measured_value'))
+    measured = c.measured_value
     rows.append({
       'id': c.id, 'source': c.group, 'file': row.get('file', ''),
       'model': text(row.get('model_name')), 'gpus': number(row.get('num_gpus')),
@@ -384,13 +388,6 @@ def results_frame(results):
       'reason': r.reason,
     })
   return pd.DataFrame(rows)
-
-
-def _float(value):
-  try:
-    return float(text(value))
-  except ValueError:
-    return float('nan')
 
 
 def error_stats(deltas):
