@@ -1252,3 +1252,44 @@ def test_pipeline_split_counting_vocab_moves_a_block_off_each_end():
   one = dict(common, pipeline_par=1)
   assert value(evaluation(app, pipeline_split_counts_vocab=True, **one)
                .total_time_s) == value(evaluation(app, **one).total_time_s)
+
+
+def test_pipeline_overlap_hides_the_steady_state_transfers():
+  """Megatron-Core's interleaved schedule with overlap_p2p_comm
+  (pipeline_parallel/schedules.py): the first stage's warm-up runs
+  w = 2 (PP - 1) + (VP - 1) PP forward chunk steps and its flush as many
+  backward ones, their transfers blocking; each of the other m VP - w
+  steps sends a chunk's activation and a gradient behind a forward and a
+  backward chunk's compute.  Hand count: PP 4, VP 2, 16 microbatches:
+  w = 6 + 4 = 10 of 32 chunk steps exposed, 22 hidden (processor share
+  slowing the compute they overlap).  Without interleaving, or not
+  training, or absent, every transfer shows, as Calculon prices it."""
+  from calculon.llm.model import _hidden_behind
+  app = llama(num_blocks=32)
+  system = _system('h100_sxm_80g')
+  common = dict(pipeline_par=4, pipeline_par_net=1, pipeline_interleaving=2,
+                batch_size=16, datatype='bfloat16')
+  calc = evaluation(app, system=system, **common)
+  meg = evaluation(app, system=system, pipeline_par_overlap=True, **common)
+  link = value(calc.pp_comm_link_time_s)
+  assert value(calc.pp_comm_exposed_time_s) == link > 0
+  assert value(meg.pp_comm_link_time_s) == link
+  assert value(meg.pp_warmup_chunks) == 10
+  step = value(meg.chunk_fw_pp_time_s + meg.chunk_bw_pp_time_s)
+  assert link == pytest.approx(32 * step, rel=1e-12)
+  window = value(meg.chunk_fw_time_s + meg.chunk_bw_time_s)
+  usage = system.networks.usage(1)
+  assert value(meg.pp_comm_exposed_time_s) == pytest.approx(
+    10 * step + value(_hidden_behind(22 * step, 22 * window, usage)),
+    rel=1e-12)
+  assert value(meg.total_time_s) < value(calc.total_time_s)
+  # The plain 1F1B schedule runs without it (Megatron-LM turns it off).
+  flat = dict(common, pipeline_interleaving=1)
+  assert value(evaluation(app, system=system, pipeline_par_overlap=True,
+                          **flat).total_time_s) == value(
+    evaluation(app, system=system, **flat).total_time_s)
+  # The forward-only schedule is all warm-up.
+  infer = dict(common, training=False)
+  assert value(evaluation(app, system=system, pipeline_par_overlap=True,
+                          **infer).pp_comm_exposed_time_s) == value(
+    evaluation(app, system=system, **infer).pp_comm_exposed_time_s)

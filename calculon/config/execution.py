@@ -201,6 +201,7 @@ OPTIONAL_SPECS = {
                            CROSS_ENTROPY_NAMES, 'fused'),
   'moe_probs_in_activation': (_BOOL, None, False),
   'wide_saved_inputs': (_BOOL, None, False),
+  'pipeline_par_overlap': (_BOOL, None, False),
 }
 #: Calculon fields that new-style executions may leave out, with what their
 #: absence means (attention_type: as the application's kv_heads say;
@@ -356,7 +357,15 @@ class Execution:
   their 16-bit input for the backward pass and cast it again there, as
   torchao's Float8Linear does (``matmul_with_hp_or_float8_args`` saves
   ``input_hp``, since pytorch/ao e76db70ec, October 2024); absent: false,
-  the narrow input is kept, as Transformer Engine does).
+  the narrow input is kept, as Transformer Engine does),
+  pipeline_par_overlap (with PP > 1 and the interleaved schedule, VP > 1:
+  the point-to-point transfers of the 1F1B steady state run behind the
+  compute of the other chunk of the step, those of the warm-up and the
+  flush blocking, as Megatron-Core's --overlap-p2p-communication does
+  (the default of Megatron-LM since commit 4eeff55d1f, October 2023;
+  NeMo 2 and Megatron-Bridge turn it on with VP > 1); it does nothing
+  without interleaving, which Megatron-LM runs without it; absent: false,
+  Calculon's model, every transfer exposed).
   ``attention_type`` and ``optimizer_sharding`` may be left
   out when the application's ``kv_heads`` / ``data_par_sharding`` say.
   """
@@ -408,6 +417,7 @@ class Execution:
   cross_entropy_kernel: str = 'fused'
   moe_probs_in_activation: bool = False
   wide_saved_inputs: bool = False
+  pipeline_par_overlap: bool = False
 
   @classmethod
   def from_dict(cls, cfg, source='<execution>'):

@@ -373,9 +373,46 @@ class Evaluation:
     return fw + bw
 
   @cached_property
+  def pp_warmup_chunks(self):
+    """Forward chunk steps of the first stage's warm-up in the
+    interleaved 1F1B schedule, and backward ones of its flush: 2 (PP - 1) +
+    (VP - 1) PP, at most every chunk step (Megatron-Core
+    ``get_pp_rank_microbatches`` in pipeline_parallel/schedules.py, with
+    its default microbatch group of PP per virtual stage; every step when
+    not training: the forward-only schedule is all warm-up)."""
+    total = self.num_microbatches * self.chunks_per_proc
+    warm = 2 * (self.pp - 1) + (self.interleaving - 1) * self.pp
+    return np.where(self.training, np.minimum(warm, total), total)
+
+  @cached_property
   def pp_comm_exposed_time_s(self):
-    """PP transfers are not overlapped."""
-    return self.pp_comm_link_time_s
+    """PP transfers not hidden behind compute.
+
+    Calculon's model (``pipeline_par_overlap`` false, or no interleaving):
+    none is hidden.  With ``pipeline_par_overlap`` and VP > 1, as
+    Megatron-Core's interleaved schedule with overlap_p2p_comm runs them
+    (pipeline_parallel/schedules.py
+    forward_backward_pipelining_with_interleaving): the transfers of the
+    warm-up and the flush (:attr:`pp_warmup_chunks` each way) block; each
+    1F1B step of the steady state sends and receives one chunk's
+    activation and one chunk's gradient asynchronously behind the
+    forward and backward compute of a chunk, the excess showing and the
+    compute slowed by the tier's processor share while they run
+    (:func:`~calculon.llm.layers.hidden_behind`).
+    """
+    link = self.pp_comm_link_time_s
+    on = self.exe.pipeline_par_overlap & (self.pp > 1) & \
+      (self.interleaving > 1)
+    if not np.any(on):
+      return link
+    step_comm = self.chunk_fw_pp_time_s + np.where(
+      self.training, self.chunk_bw_pp_time_s, 0)
+    warm = self.pp_warmup_chunks
+    steady = self.num_microbatches * self.chunks_per_proc - warm
+    window = self.chunk_fw_time_s + self.chunk_bw_time_s
+    overlapped = warm * step_comm + _hidden_behind(
+      steady * step_comm, steady * window, self.pp_usage)
+    return np.where(on, overlapped, link)
 
   # -- offload to memory tier 2 ---------------------------------------------------
   @cached_property

@@ -399,6 +399,10 @@ def columns(spec, chunk):
     # LinearWithGradAccumulationAndAsyncCommunication, Transformer Engine
     # Linear); it acts only with TP > 1 and tensor_par_overlap 'none'.
     cols['tensor_par_async_backward'] = np.bool_(True)
+    # Their interleaved schedule overlaps the pipeline transfers of the
+    # 1F1B steady state (Megatron-Core --overlap-p2p-communication, on by
+    # default); it acts only with PP > 1 and interleaving.
+    cols['pipeline_par_overlap'] = np.bool_(True)
     # Transformer Engine all-gathers the quantized GEMM inputs of a narrow
     # recipe (the FP8 norm output, the FP8 output gradient: TE
     # module/layernorm_linear.py, module/base.py grad_output_preprocess).

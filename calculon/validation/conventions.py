@@ -75,6 +75,7 @@ SETTINGS = {
   'cross_entropy_kernel': CROSS_ENTROPY_NAMES,
   'moe_probs_in_activation': 'bool',
   'wide_saved_inputs': 'bool',
+  'pipeline_par_overlap': 'bool',
 }
 #: CSV columns a pattern may look at (the parallel degrees as written, e.g.
 #: ``pp: '^([2-9]|[1-9]\\d+)$'`` for pipeline parallelism).

@@ -774,7 +774,8 @@ class Mapper:
                 'narrow_param_gather',
                 'quantization_scaling',
                 'fsdp_buffer_copies', 'cross_entropy_kernel',
-                'moe_probs_in_activation', 'wide_saved_inputs'):
+                'moe_probs_in_activation', 'wide_saved_inputs',
+                'pipeline_par_overlap'):
       # The scaling the dtype column names (datatypes table) wins.
       if key == 'quantization_scaling' and (not narrow or key in fixed):
         continue
