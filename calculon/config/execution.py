@@ -202,6 +202,7 @@ OPTIONAL_SPECS = {
   'moe_probs_in_activation': (_BOOL, None, False),
   'wide_saved_inputs': (_BOOL, None, False),
   'pipeline_par_overlap': (_BOOL, None, False),
+  'fused_dropout_add': (_BOOL, None, False),
 }
 #: Calculon fields that new-style executions may leave out, with what their
 #: absence means (attention_type: as the application's kv_heads say;
@@ -365,7 +366,12 @@ class Execution:
   (the default of Megatron-LM since commit 4eeff55d1f, October 2023;
   NeMo 2 and Megatron-Bridge turn it on with VP > 1); it does nothing
   without interleaving, which Megatron-LM runs without it; absent: false,
-  Calculon's model, every transfer exposed).
+  Calculon's model, every transfer exposed), fused_dropout_add (with the
+  application's dropout: the dropout of the attention and MLP outputs
+  runs inside the residual addition's kernel, Megatron-LM's
+  bias_dropout_add_fused_train, on by default since commit 9acc895632,
+  January 2021: its forward pass moves only the mask; absent: false,
+  Calculon's separate kernel).
   ``attention_type`` and ``optimizer_sharding`` may be left
   out when the application's ``kv_heads`` / ``data_par_sharding`` say.
   """
@@ -418,6 +424,7 @@ class Execution:
   moe_probs_in_activation: bool = False
   wide_saved_inputs: bool = False
   pipeline_par_overlap: bool = False
+  fused_dropout_add: bool = False
 
   @classmethod
   def from_dict(cls, cfg, source='<execution>'):

@@ -268,8 +268,8 @@ def build_block(app, exe, ctx, moe=False):
   add(LinearOverlapped, 'AttnBlock_MLP_RS', batch_seq, qkv_width, h, True,
       recompute=full | alt, recomm=full, present=overlap)
   if not parallel:
-    add(DropOut, 'AttnBlock_DropOut', act_in, recompute=full,
-        present=dropout)
+    add(DropOut, 'AttnBlock_DropOut', act_in,
+        fused=exe.fused_dropout_add, recompute=full, present=dropout)
     add(ElementWise, 'AttnBlock_Residual', act_in, act_in,
         recompute=full | alt, activation_stored=False,
         activation_reused=True)
@@ -324,7 +324,8 @@ def build_block(app, exe, ctx, moe=False):
   add(LinearOverlapped, 'MlpBlock_Mlp2_RS', batch_seq, ff, h, True,
       recompute=mlp_in, recomm=mlp_in, activation_stored=negate(mlp_re),
       present=overlap)
-  add(DropOut, 'MlpBlock_DropOut', act_in, recompute=full, present=dropout)
+  add(DropOut, 'MlpBlock_DropOut', act_in, fused=exe.fused_dropout_add,
+      recompute=full, present=dropout)
   add(ElementWise, 'MlpBlock_Residual', act_in, act_in, recompute=full,
       activation_stored=False, activation_reused=True)
   return layers
@@ -478,7 +479,8 @@ def _moe_mlp(app, exe, ctx, add, shape, norm_cls, norm_name, full, parallel,
         present=tp > 1)
     add(ElementWise, 'Moe_SharedSum', act_in, act_in, recompute=inner,
         activation_stored=False)
-  add(DropOut, 'MlpBlock_DropOut', act_in, recompute=full, present=dropout)
+  add(DropOut, 'MlpBlock_DropOut', act_in, fused=exe.fused_dropout_add,
+      recompute=full, present=dropout)
   add(ElementWise, 'MlpBlock_Residual', act_in, act_in, recompute=full,
       activation_stored=False, activation_reused=True)
 

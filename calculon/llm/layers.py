@@ -642,12 +642,21 @@ class LayerNorm(Layer):
 
 
 class DropOut(Layer):
-  """Dropout; keeps a 1-byte mask per element as its activation."""
+  """Dropout; keeps a 1-byte mask per element as its activation.
 
-  def __init__(self, name, ctx, size, **flags):
-    super().__init__(name, ctx, fw_flops=size, agrad_flops=size, inputs=size,
-                     outputs=size, activation=size, activation_grads=size,
-                     **flags)
+  ``fused`` (bool or array): the dropout runs inside the kernel of the
+  residual addition that follows it (Megatron-LM's
+  ``bias_dropout_add_fused_train``, one TorchScript-fused kernel for
+  residual + dropout(x + bias), on unless --no-bias-dropout-fusion), so
+  its forward pass moves only its mask (the residual addition's kernel
+  reads x and writes the sum, as it does unfused); its backward pass is
+  unchanged (the gradient times the mask, one kernel either way)."""
+
+  def __init__(self, name, ctx, size, fused=False, **flags):
+    self.fused = flag(fused)
+    super().__init__(name, ctx, fw_flops=where(self.fused, 0, size),
+                     agrad_flops=size, inputs=size, outputs=size,
+                     activation=size, activation_grads=size, **flags)
 
   def activation_bytes(self):
     return self.activation
@@ -655,11 +664,14 @@ class DropOut(Layer):
   def activation_grad_bytes(self):
     return self.activation_grads
 
-  def fw_mem_bytes(self):
+  def _unfused_mem_bytes(self):
     return (self.inputs + self.outputs) * self.bpe + self.activation
 
+  def fw_mem_bytes(self):
+    return where(self.fused, self.activation, self._unfused_mem_bytes())
+
   def agrad_mem_bytes(self):
-    return self.fw_mem_bytes()
+    return self._unfused_mem_bytes()
 
 
 class GeLU(Layer):

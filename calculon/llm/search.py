@@ -403,6 +403,10 @@ def columns(spec, chunk):
     # 1F1B steady state (Megatron-Core --overlap-p2p-communication, on by
     # default); it acts only with PP > 1 and interleaving.
     cols['pipeline_par_overlap'] = np.bool_(True)
+    # With dropout, the residual addition's kernel applies it (Megatron-LM
+    # bias_dropout_add_fused_train, on by default).
+    if spec.app.dropout:
+      cols['fused_dropout_add'] = np.bool_(True)
     # Transformer Engine all-gathers the quantized GEMM inputs of a narrow
     # recipe (the FP8 norm output, the FP8 output gradient: TE
     # module/layernorm_linear.py, module/base.py grad_output_preprocess).

@@ -76,6 +76,7 @@ SETTINGS = {
   'moe_probs_in_activation': 'bool',
   'wide_saved_inputs': 'bool',
   'pipeline_par_overlap': 'bool',
+  'fused_dropout_add': 'bool',
 }
 #: CSV columns a pattern may look at (the parallel degrees as written, e.g.
 #: ``pp: '^([2-9]|[1-9]\\d+)$'`` for pipeline parallelism).

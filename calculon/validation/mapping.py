@@ -775,7 +775,7 @@ class Mapper:
                 'quantization_scaling',
                 'fsdp_buffer_copies', 'cross_entropy_kernel',
                 'moe_probs_in_activation', 'wide_saved_inputs',
-                'pipeline_par_overlap'):
+                'pipeline_par_overlap', 'fused_dropout_add'):
       # The scaling the dtype column names (datatypes table) wins.
       if key == 'quantization_scaling' and (not narrow or key in fixed):
         continue
