@@ -581,9 +581,13 @@ def test_bad_cells_of_a_runs_file_are_not_priced_with_the_reason(tmp_path):
           dict(base, tp='two'), dict(base, pp='1.5'),
           dict(base, recompute='sometimes', seq_parallel='maybe',
                dtype='fp7'),
-          dict(base, global_batch_size='1000', micro_batch_size='3')]
+          dict(base, global_batch_size='1000', micro_batch_size='3'),
+          dict(base, dp='inf'), dict(base, num_gpus=''),
+          dict(base, measured_metric_name='tokens/sec', measured_value='9',
+               num_gpus='')]
   s = P.Suite(ROOT, [write_csv(tmp_path / 'acme.csv', rows)])
   res = {r.case.id: r for r in P.run_suite(s)}
+  P.results_frame(list(res.values()))      # the report's table too
   ok = res['acme-01']
   assert ok.status == 'ok' and ok.case.measured_s == pytest.approx(0.9)
   assert why(ok.case, 'measured_metric_name') == \
@@ -596,7 +600,10 @@ def test_bad_cells_of_a_runs_file_are_not_priced_with_the_reason(tmp_path):
       ('acme-06', "column 'pp' = '1.5' is not allowed"),
       # The grid index of the execution is not part of the reason.
       ('acme-08', "field 'microbatch_size' = 3 is not allowed: must divide "
-       'the local batch size')):
+       'the local batch size'),
+      ('acme-09', "column 'dp' = 'inf' is not allowed"),
+      ('acme-10', 'GPU count (num_gpus) not stated'),
+      ('acme-11', 'GPU count (num_gpus) not stated')):
     assert res[rid].status == 'not priced' and \
       res[rid].reason.startswith(needle), (rid, res[rid].reason)
   odd = res['acme-07'].case
@@ -903,3 +910,29 @@ def test_megatron_lm_rows_fuse_the_hidden_dropout(suite, results):
     assert 'fused_dropout_add' not in case(suite, rid).fixed
   row = results.set_index('id').loc['korthikanti-12']
   assert -3.5 < row['delta_pct'] < 0
+
+
+_JUNK = ('', '0', '-1', 'abc', '2.5', 'nan', 'inf', ' ', '1e12', 'None')
+
+
+@pytest.mark.parametrize('seed', range(3))
+def test_fuzzed_runs_file_cells_never_raise(tmp_path, seed):
+  """Any cell of a runs file may hold anything: a row is priced or not
+  priced with a reason, never a traceback (a malformed override column is
+  the one ConfigError, exit 2).  Derandomized: 8 rows a seed, each with
+  one to four cells of a bundled row replaced by junk."""
+  import random
+  rng = random.Random(seed)
+  base = [r for r in shared_rows() if r['model_name'].startswith('GPT 22B')]
+  rows = []
+  for i in range(8):
+    row = dict(rng.choice(base))
+    for _ in range(rng.randint(1, 4)):
+      key = rng.choice(M.FACT_COLUMNS)
+      row[key] = rng.choice(_JUNK)
+    rows.append(row)
+  s = P.Suite(ROOT, [write_csv(tmp_path / 'junk.csv', rows)])
+  frame = P.results_frame(P.run_suite(s))
+  assert len(frame) == 8
+  no = frame[frame['status'] == 'not priced']
+  assert (no['reason'].str.len() > 0).all()

@@ -196,9 +196,10 @@ def number(value):
   if blank(value):
     return None
   try:
-    return int(round(float(str(value).strip())))
+    x = float(str(value).strip())
   except ValueError:
     return None
+  return int(round(x)) if math.isfinite(x) else None
 
 
 #: A measured peak memory per GPU in the notes (GiB).
@@ -309,13 +310,15 @@ class Case:
       value = float(text(self.row.get('measured_value')))
     except ValueError:
       return None
-    if how is None:
+    gpus, seq = number(self.row.get('num_gpus')), number(
+      self.row.get('seq_len'))
+    if how is None or (how in ('per_gpu', 'samples') and not gpus) or (
+        how == 'samples' and not seq):
       return None
     if how == 'per_gpu':
-      return value / number(self.row.get('num_gpus'))
+      return value / gpus
     if how == 'samples':
-      return value * number(self.row.get('seq_len')) / number(
-        self.row.get('num_gpus'))
+      return value * seq / gpus
     if how == 'fraction_or_pct':
       return value * 100 if value <= 1 else value
     return value * how
@@ -690,6 +693,8 @@ class Mapper:
     facts = notes_facts(row.get('notes'))
     if number(row.get('seq_len')) is None:
       case.missing.append('sequence length not stated')
+    if number(row.get('num_gpus')) is None:
+      case.missing.append('GPU count (num_gpus) not stated')
     if case.missing:
       return case
     app = self._model(case, facts)
