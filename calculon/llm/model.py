@@ -373,6 +373,12 @@ class Evaluation:
     return fw + bw
 
   @cached_property
+  def pp_chunk_steps(self):
+    """Forward (and backward) chunk steps of a stage: microbatches x
+    chunks per processor."""
+    return self.num_microbatches * self.chunks_per_proc
+
+  @cached_property
   def pp_warmup_chunks(self):
     """Forward chunk steps of the first stage's warm-up in the
     interleaved 1F1B schedule, and backward ones of its flush: 2 (PP - 1) +
@@ -380,7 +386,7 @@ class Evaluation:
     ``get_pp_rank_microbatches`` in pipeline_parallel/schedules.py, with
     its default microbatch group of PP per virtual stage; every step when
     not training: the forward-only schedule is all warm-up)."""
-    total = self.num_microbatches * self.chunks_per_proc
+    total = self.pp_chunk_steps
     warm = 2 * (self.pp - 1) + (self.interleaving - 1) * self.pp
     return np.where(self.training, np.minimum(warm, total), total)
 
@@ -408,7 +414,7 @@ class Evaluation:
     step_comm = self.chunk_fw_pp_time_s + np.where(
       self.training, self.chunk_bw_pp_time_s, 0)
     warm = self.pp_warmup_chunks
-    steady = self.num_microbatches * self.chunks_per_proc - warm
+    steady = self.pp_chunk_steps - warm
     window = self.chunk_fw_time_s + self.chunk_bw_time_s
     overlapped = warm * step_comm + _hidden_behind(
       steady * step_comm, steady * window, self.pp_usage)

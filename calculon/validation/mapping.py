@@ -76,32 +76,41 @@ CONVERSIONS = {
   'backward of one microbatch = value / 1000 (s); predicted with a 1-block '
   'model: fw + bw + recompute + exposed TP communication',
 }
+#: How an alias's value becomes its metric's: kind -> (what the
+#: assumptions say, function of (value, GPUs, sequence)).
+ALIAS_CONVERSIONS = {
+  'same': ('as it is', lambda v, n, s: v),
+  'ms': ('x 0.001', lambda v, n, s: v / 1e3),
+  'per_gpu': ('divided by the GPUs', lambda v, n, s: v / n),
+  'samples': ('times the sequence over the GPUs', lambda v, n, s: v * s / n),
+  'fraction_or_pct': ('x 100 when at most 1 (a fraction)',
+                      lambda v, n, s: v * 100 if v <= 1 else v),
+}
 #: Other names of the measured metrics, as logs and papers write them
 #: (matched in lower case, '/' read as 'per', parentheses dropped, spaces
-#: and dashes as '_': "Step time (ms)" is step_time_ms): name
-#: -> (the metric of :data:`CONVERSIONS`, how the value becomes it: a
-#: factor; 'per_gpu', divided by the GPUs; 'samples', samples per second
-#: of the whole job times the sequence over the GPUs; 'fraction_or_pct',
-#: MFU as a fraction when at most 1, else in percent).  Megatron-LM's log
-#: prints "elapsed time per iteration (ms)"; "TGS" is tokens per GPU per
-#: second.
+#: and dashes as '_': "Step time (ms)" is step_time_ms): name -> (the
+#: metric of :data:`CONVERSIONS`, a kind of :data:`ALIAS_CONVERSIONS`;
+#: 'samples' is samples per second of the whole job, 'per_gpu' a rate of
+#: the whole job).  Megatron-LM's log prints "elapsed time per iteration
+#: (ms)"; "TGS" is tokens per GPU per second.
 METRIC_ALIASES = {
-  **{name: ('iteration_time_s', 1.0) for name in (
+  **{name: ('iteration_time_s', 'same') for name in (
     'step_time_s', 'step_time', 'iteration_time', 'iter_time_s',
     'batch_time_s', 'time_per_step_s', 'time_per_iteration_s',
     'elapsed_time_per_iteration_s', 'seconds_per_step', 's_per_step')},
-  **{name: ('iteration_time_s', 1e-3) for name in (
+  **{name: ('iteration_time_s', 'ms') for name in (
     'iteration_time_ms', 'step_time_ms', 'iter_time_ms', 'batch_time_ms',
     'time_per_step_ms', 'elapsed_time_per_iteration_ms')},
-  **{name: ('tokens_per_sec_per_gpu', 1.0) for name in (
+  **{name: ('tokens_per_sec_per_gpu', 'same') for name in (
     'tokens_per_second_per_gpu', 'tokens_per_s_per_gpu', 'tok_per_s_per_gpu',
     'tokens_per_sec_per_device', 'tgs')},
   **{name: ('tokens_per_sec_per_gpu', 'per_gpu') for name in (
-    'tokens_per_sec', 'tokens_per_second', 'tokens_per_s', 'throughput_tokens_per_sec')},
+    'tokens_per_sec', 'tokens_per_second', 'tokens_per_s',
+    'throughput_tokens_per_sec')},
   **{name: ('tokens_per_sec_per_gpu', 'samples') for name in (
     'samples_per_sec', 'samples_per_second', 'sequences_per_sec',
     'sequences_per_second')},
-  **{name: ('tflops_per_gpu', 1.0) for name in (
+  **{name: ('tflops_per_gpu', 'same') for name in (
     'tflops', 'model_tflops_per_gpu', 'tflops_per_device',
     'tflop_per_s_per_gpu', 'tflops_per_s_per_gpu')},
   **{name: ('mfu_pct', 'fraction_or_pct') for name in (
@@ -110,15 +119,15 @@ METRIC_ALIASES = {
 
 
 def canonical_metric(name):
-  """(metric of :data:`CONVERSIONS`, conversion) of a measured metric name
-  (itself with factor 1 when it is one; :data:`METRIC_ALIASES`), or (name,
-  None) when unknown."""
+  """(metric of :data:`CONVERSIONS`, kind of :data:`ALIAS_CONVERSIONS`) of
+  a measured metric name (itself, 'same', when it is one;
+  :data:`METRIC_ALIASES`), or (name, None) when unknown."""
   if name in CONVERSIONS:
-    return name, 1.0
+    return name, 'same'
   key = name.strip().lower().replace('/', ' per ')
   key = re.sub(r'[\s_-]+', '_', re.sub(r'[()]', ' ', key)).strip('_')
   if key in CONVERSIONS:
-    return key, 1.0
+    return key, 'same'
   return METRIC_ALIASES.get(key, (name, None))
 
 
@@ -304,24 +313,16 @@ class Case:
   def measured_value(self):
     """The measured value in :attr:`metric`'s unit (None when it is not
     a number or the metric is unknown)."""
-    name = text(self.row.get('measured_metric_name'))
-    _, how = canonical_metric(name)
+    _, kind = canonical_metric(text(self.row.get('measured_metric_name')))
+    gpus, seq = (number(self.row.get(k)) for k in ('num_gpus', 'seq_len'))
     try:
       value = float(text(self.row.get('measured_value')))
     except ValueError:
       return None
-    gpus, seq = number(self.row.get('num_gpus')), number(
-      self.row.get('seq_len'))
-    if how is None or (how in ('per_gpu', 'samples') and not gpus) or (
-        how == 'samples' and not seq):
+    if kind is None or (kind in ('per_gpu', 'samples') and not gpus) or (
+        kind == 'samples' and not seq):
       return None
-    if how == 'per_gpu':
-      return value / gpus
-    if how == 'samples':
-      return value * seq / gpus
-    if how == 'fraction_or_pct':
-      return value * 100 if value <= 1 else value
-    return value * how
+    return ALIAS_CONVERSIONS[kind][1](value, gpus, seq)
 
   @property
   def measured_mem_gib(self):
@@ -669,12 +670,7 @@ class Mapper:
       case.missing.append(f'metric {metric!r} (the conversions know '
                           f"{', '.join(CONVERSIONS)} and their aliases)")
     elif raw != metric:
-      how = canonical_metric(raw)[1]
-      rule = {'per_gpu': 'divided by the GPUs',
-              'samples': 'times the sequence over the GPUs',
-              'fraction_or_pct': 'x 100 when at most 1 (a fraction)'}.get(
-                how) if isinstance(how, str) else (
-                  f'x {how:g}' if how != 1 else 'as it is')
+      rule = ALIAS_CONVERSIONS[canonical_metric(raw)[1]][0]
       case.assume('measured_metric_name', metric,
                   f'{raw!r} read as {metric} (the value {rule})')
     measured = text(row.get('measured_value'))
