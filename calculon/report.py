@@ -190,7 +190,7 @@ def header_lines(data):
                       'tensor_par_narrow_all_gather', 'narrow_param_gather',
                       'cross_entropy_kernel', 'moe_probs_in_activation',
                       'wide_saved_inputs', 'pipeline_par_overlap',
-                      'fused_dropout_add',
+                      'fused_dropout_add', 'optimizer_traffic',
                       'gradient_datatype', 'expert_par',
                       'expert_tensor_par', 'moe_dispatcher',
                       'moe_comm_overlap', 'expert_imbalance')]

@@ -105,6 +105,11 @@ MOE_OVERLAP_NAMES = ('none', 'shared_experts', 'compute')
 #: TP rank stores the whole input: Calculon) or ``as_input`` (as the rank
 #: holds the input: sequence-sharded, 1/TP, with sequence parallelism).
 CHECKPOINT_LAYOUT_NAMES = ('whole', 'as_input')
+#: The optimizer step's memory traffic: ``state_once`` (Calculon: the
+#: master weights and Adam moments moved once) or ``fused_adam`` (every
+#: pass a framework's mixed-precision Adam step makes; see
+#: :meth:`calculon.llm.layers.Layer.optimizer_traffic_bytes`).
+OPTIMIZER_TRAFFIC_NAMES = ('state_once', 'fused_adam')
 
 # Codes used by the engine.
 RECOMPUTE_NONE, RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_SELECTIVE = \
@@ -121,6 +126,7 @@ CROSS_ENTROPY_FUSED, CROSS_ENTROPY_UNFUSED = 0, 1
 DISPATCH_ALLTOALL, DISPATCH_ALLGATHER, DISPATCH_DEEPEP = 0, 1, 2
 MOE_OVERLAP_NONE, MOE_OVERLAP_SHARED, MOE_OVERLAP_COMPUTE = 0, 1, 2
 CHECKPOINT_WHOLE, CHECKPOINT_AS_INPUT = 0, 1
+OPTIMIZER_TRAFFIC_STATE, OPTIMIZER_TRAFFIC_FUSED_ADAM = 0, 1
 #: Code of an optional categorical field left out (``attention_type``:
 #: as the application's kv_heads say; ``gradient_datatype``: Calculon's).
 UNSET = -1
@@ -203,6 +209,8 @@ OPTIONAL_SPECS = {
   'wide_saved_inputs': (_BOOL, None, False),
   'pipeline_par_overlap': (_BOOL, None, False),
   'fused_dropout_add': (_BOOL, None, False),
+  'optimizer_traffic': (Spec('str', choices=OPTIMIZER_TRAFFIC_NAMES),
+                        OPTIMIZER_TRAFFIC_NAMES, 'state_once'),
 }
 #: Calculon fields that new-style executions may leave out, with what their
 #: absence means (attention_type: as the application's kv_heads say;
@@ -371,7 +379,18 @@ class Execution:
   runs inside the residual addition's kernel, Megatron-LM's
   bias_dropout_add_fused_train, on by default since commit 9acc895632,
   January 2021: its forward pass moves only the mask; absent: false,
-  Calculon's separate kernel).
+  Calculon's separate kernel), optimizer_traffic (the memory traffic of
+  the optimizer step: 'state_once', Calculon's, the fp32 master weights
+  and the two Adam moments moved once, 12 bytes per parameter of the
+  shard; 'fused_adam', every pass a framework's mixed-precision Adam step
+  makes over its shard: the gradient norm for clipping, the fused Adam
+  kernel reading the gradient, master weight and moments and writing the
+  last three, the copy of the master weights into the 16-bit weights,
+  and with float16 the loss-scale unscaling, 38 bytes per parameter with
+  bfloat16 and 46 with float16, as Megatron-LM's mixed-precision
+  optimizer, apex's FusedAdam and PyTorch's fused AdamW do (see
+  :meth:`calculon.llm.layers.Layer.optimizer_traffic_bytes`); absent:
+  'state_once').
   ``attention_type`` and ``optimizer_sharding`` may be left
   out when the application's ``kv_heads`` / ``data_par_sharding`` say.
   """
@@ -425,6 +444,7 @@ class Execution:
   wide_saved_inputs: bool = False
   pipeline_par_overlap: bool = False
   fused_dropout_add: bool = False
+  optimizer_traffic: str = 'state_once'
 
   @classmethod
   def from_dict(cls, cfg, source='<execution>'):

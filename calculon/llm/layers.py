@@ -28,6 +28,23 @@ STAGES = ('fw', 'agrad', 'wgrad', 'optim')
 ADAM_FLOPS_PER_ELEMENT = 11
 #: fp32 master weights and each Adam moment take 4 bytes per element.
 FP32_BYTES = 4
+#: Bytes per element of the optimizer shard that a framework's fused Adam
+#: step moves besides the copy into the 16-bit weights (``optimizer_traffic``
+#: 'fused_adam'): the gradient norm reads the fp32 gradient (4); the fused
+#: Adam kernel reads the gradient, the master weight and the two moments
+#: and writes the last three (7 x 4 = 28).  Sources: NVIDIA apex
+#: csrc/multi_tensor_adam.cu (AdamFunctor: g, p, m, v loaded, p, m, v
+#: stored) and PyTorch torch/optim/adamw.py (fused=True, _fused_adamw_:
+#: the same); Megatron-LM megatron/optimizer/clip_grads.py
+#: (clip_grad_norm_fp32: multi_tensor_l2norm over the main gradients) and
+#: PyTorch torch/nn/utils/clip_grad.py (clip_grad_norm_: the norm, then
+#: the gradients scaled in place, a read and a write more, 8).
+FUSED_ADAM_BYTES = 4 + 7 * FP32_BYTES
+#: With float16, Megatron-LM's loss scaling unscales the fp32 gradients and
+#: checks them for inf/NaN first, a read and a write of each (8):
+#: MixedPrecisionOptimizer._unscale_main_grads_and_check_for_nan,
+#: torch._amp_foreach_non_finite_check_and_unscale_.
+FP16_UNSCALE_BYTES = 2 * FP32_BYTES
 
 
 def _is_zero(x):
@@ -122,6 +139,10 @@ class BlockContext:
       all-reduce) of a column-parallel layer's input gradient is tiled
       too (bool or bool array; false: it runs whole after the input-
       gradient GEMM, exposed; see :class:`LinearOverlapped`).
+    optimizer_pass_bytes: bytes the optimizer step moves per element of
+      its shard besides the copy into the 16-bit weights (scalar 0:
+      Calculon's traffic, :meth:`Layer.optimizer_bytes`; see
+      :meth:`Layer.optimizer_traffic_bytes`).
   """
 
   def __init__(self, system, dtype, bytes_per_element, optimizer_shards, tp,
@@ -132,8 +153,9 @@ class BlockContext:
                other_weight_bytes=None, expert_optimizer_shards=None,
                expert_grad_shards=None, quantize_bytes=0.0, tp_async=False,
                tp_overlap_rs_dgrad=True, tp_narrow_all_gather=False,
-               narrow_bytes=None):
+               narrow_bytes=None, optimizer_pass_bytes=0.0):
     self.system = system
+    self.optimizer_pass_bytes = optimizer_pass_bytes
     self.dtype = dtype
     self.bytes_per_element = bytes_per_element
     self.optimizer_shards = optimizer_shards
@@ -290,7 +312,7 @@ class Layer:
       return self.agrad_mem_bytes()
     if stage == 'wgrad':
       return self.wgrad_mem_bytes()
-    return self.optimizer_bytes()
+    return self.optimizer_traffic_bytes()
 
   def quantize_bytes(self, stage):
     """Bytes moved by the casts of a narrow (FP8/FP4) linear layer under
@@ -422,6 +444,34 @@ class Layer:
     master = where(self.weight_bpe < FP32_BYTES,
                    self.weights * FP32_BYTES, 0.0)
     return (master + moments) / self._optimizer_shards()
+
+  def optimizer_traffic_bytes(self):
+    """Bytes the optimizer step moves to/from memory tier 1 on this
+    processor's shard.
+
+    ``ctx.optimizer_pass_bytes`` 0 (scalar): Calculon's, the optimizer
+    state read once (:meth:`optimizer_bytes`: 12 bytes per element with
+    16-bit weights).  Otherwise (``optimizer_traffic`` 'fused_adam') every
+    pass of a framework's mixed-precision Adam step, per element of the
+    shard (``weight_grads`` / optimizer shards): ``optimizer_pass_bytes``
+    (gradient norm 4 + fused Adam 28, + 8 for float16's unscaling: see
+    :data:`FUSED_ADAM_BYTES`) plus, when the kept weights are narrower
+    than fp32, the copy of the fp32 master weights into the 16-bit
+    weights: 4 read + 2 written (Megatron-LM megatron/optimizer/
+    optimizer.py, ``_copy_main_params_to_model_params``, a
+    multi_tensor_scale from the fp32 main parameters into the model's;
+    a narrow FP8 copy Transformer Engine makes from it later is not
+    priced, as :meth:`quantize_bytes` says).  38 bytes per element with
+    bfloat16 weights, 46 with float16, against Calculon's 12.  Not
+    priced: zeroing the gradient buffer (one memset of it per step) and
+    the distributed optimizer's copy of its gradient shard into fp32."""
+    per = self.ctx.optimizer_pass_bytes
+    if _is_zero(per):
+      return self.optimizer_bytes()
+    copy = where(self.weight_bpe < FP32_BYTES,
+                 FP32_BYTES + np.minimum(self.weight_bpe, 2.0), 0.0)
+    full = self.weight_grads * (per + copy) / self._optimizer_shards()
+    return where(per > 0, full, self.optimizer_bytes())
 
 
 class Linear(Layer):

@@ -21,13 +21,15 @@ from functools import cached_property
 import numpy as np
 
 from calculon.config.execution import (
-  CHECKPOINT_AS_INPUT, DATATYPE_BYTES, DATATYPE_NAMES, RECIPE_TE,
+  CHECKPOINT_AS_INPUT, DATATYPE_BYTES, DATATYPE_NAMES,
+  OPTIMIZER_TRAFFIC_FUSED_ADAM, RECIPE_TE,
   RECOMPUTE_FULL, RECOMPUTE_NONE, SCALING_BLOCK, SCALING_CURRENT,
   SHARD_GRADIENTS, SHARD_OPTIMIZER, SHARD_PARAMETERS, TP_COMM_AR, UNSET)
 from calculon.llm.block import (
   BlockMix, BlockTotals, Shape, build_block, build_embedding, build_head,
   moe_blocks_in_busiest_stage)
-from calculon.llm.layers import BlockContext, FP32_BYTES
+from calculon.llm.layers import (
+  BlockContext, FP16_UNSCALE_BYTES, FP32_BYTES, FUSED_ADAM_BYTES)
 from calculon.llm.layers import hidden_behind as _hidden_behind
 from calculon.units import human_format
 
@@ -215,7 +217,13 @@ class Evaluation:
         0.0)),
       tp_async=e.tensor_par_async_backward,
       tp_overlap_rs_dgrad=e.tensor_par_overlap_rs_dgrad,
-      tp_narrow_all_gather=e.tensor_par_narrow_all_gather)
+      tp_narrow_all_gather=e.tensor_par_narrow_all_gather,
+      # A framework's Adam step (optimizer_traffic 'fused_adam'); float16
+      # unscales the gradients first (loss scaling).
+      optimizer_pass_bytes=_scalar_if_zero(np.where(
+        e.optimizer_traffic == OPTIMIZER_TRAFFIC_FUSED_ADAM,
+        FUSED_ADAM_BYTES + np.where(e.datatype == _FP16,
+                                    FP16_UNSCALE_BYTES, 0.0), 0.0)))
     self.pp_usage = nets.usage(e.pipeline_par_net)
     self.dp_usage = nets.usage(e.data_par_net)
     self.cp_usage = nets.usage(e.context_par_net)

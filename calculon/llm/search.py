@@ -30,7 +30,7 @@ from calculon.config._schema import Reader
 from calculon.config.execution import (
   ATTENTION_AUTO, ATTENTION_KERNEL_NAMES, CHECKPOINT_AS_INPUT, DATATYPE_NAMES,
   DISPATCHER_NAMES,
-  MOE_OVERLAP_NAMES, NARROW_DATATYPES,
+  MOE_OVERLAP_NAMES, NARROW_DATATYPES, OPTIMIZER_TRAFFIC_FUSED_ADAM,
   PRECISION_RECIPE_NAMES, RECOMPUTE_FULL, RECOMPUTE_MODULE_SETS,
   RECOMPUTE_NAMES, SCALING_NAMES, CROSS_ENTROPY_NAMES, OPTIONAL_SPECS,
   recompute_modules_label,
@@ -403,6 +403,9 @@ def columns(spec, chunk):
     # 1F1B steady state (Megatron-Core --overlap-p2p-communication, on by
     # default); it acts only with PP > 1 and interleaving.
     cols['pipeline_par_overlap'] = np.bool_(True)
+    # Their optimizer step makes every pass of a mixed-precision Adam step
+    # (gradient norm, fused Adam, the copy into the 16-bit weights).
+    cols['optimizer_traffic'] = np.int64(OPTIMIZER_TRAFFIC_FUSED_ADAM)
     # With dropout, the residual addition's kernel applies it (Megatron-LM
     # bias_dropout_add_fused_train, on by default).
     if spec.app.dropout:

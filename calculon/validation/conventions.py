@@ -19,7 +19,7 @@ import re
 from calculon.config.execution import (
   ATTENTION_KERNEL_NAMES, CHECKPOINT_LAYOUT_NAMES, CROSS_ENTROPY_NAMES,
   DATATYPE_NAMES, DISPATCHER_NAMES, MOE_OVERLAP_NAMES,
-  PRECISION_RECIPE_NAMES, RECOMPUTE_MODULES, RECOMPUTE_NAMES, SCALING_NAMES,
+  OPTIMIZER_TRAFFIC_NAMES, PRECISION_RECIPE_NAMES, RECOMPUTE_MODULES, RECOMPUTE_NAMES, SCALING_NAMES,
   SHARDING_NAMES, TP_COMM_NAMES, TP_OVERLAP_NAMES)
 from calculon.config.application import OPTIONAL as APP_OPTIONAL
 from calculon.errors import ConfigError
@@ -280,11 +280,11 @@ def load(path):
   if defaults.get('datatype', 'bfloat16') not in DATATYPE_NAMES:
     _fail(path, 'defaults.datatype', defaults.get('datatype'),
           'one of ' + ', '.join(DATATYPE_NAMES))
-  if defaults.get('checkpoint_layout', 'whole') not in \
-      CHECKPOINT_LAYOUT_NAMES:
-    _fail(path, 'defaults.checkpoint_layout',
-          defaults.get('checkpoint_layout'),
-          'one of ' + ', '.join(CHECKPOINT_LAYOUT_NAMES))
+  for key, names in (('checkpoint_layout', CHECKPOINT_LAYOUT_NAMES),
+                     ('optimizer_traffic', OPTIMIZER_TRAFFIC_NAMES)):
+    if defaults.get(key, names[0]) not in names:
+      _fail(path, f'defaults.{key}', defaults.get(key),
+            'one of ' + ', '.join(names))
   if defaults.get('flops_convention', 'model_full') not in FLOPS_CONVENTIONS:
     _fail(path, 'defaults.flops_convention', defaults.get('flops_convention'),
           'one of ' + ', '.join(FLOPS_CONVENTIONS))

@@ -762,9 +762,9 @@ class Mapper:
       'weight_offload': False, 'activations_offload': False,
       'optimizer_offload': False, 'training': True,
     })
-    layout = self.conv.defaults.get('checkpoint_layout')
-    if layout:
-      fixed['checkpoint_layout'] = layout
+    for key in ('checkpoint_layout', 'optimizer_traffic'):
+      if self.conv.defaults.get(key):
+        fixed[key] = self.conv.defaults[key]
     # Settings a rule fixes (never searched); the MoE ones only for MoE.
     narrow = fixed.get('precision_recipe') == 'transformer_engine'
     fsdp = dp * cp > 1 and 'data_par_sharding' in settings and \
