@@ -765,6 +765,7 @@ class Mapper:
     for key in ('checkpoint_layout', 'optimizer_traffic'):
       if self.conv.defaults.get(key):
         fixed[key] = self.conv.defaults[key]
+        case.assume(key, fixed[key], 'the conventions default')
     # Settings a rule fixes (never searched); the MoE ones only for MoE.
     narrow = fixed.get('precision_recipe') == 'transformer_engine'
     fsdp = dp * cp > 1 and 'data_par_sharding' in settings and \
