@@ -450,21 +450,17 @@ class Layer:
     processor's shard.
 
     ``ctx.optimizer_pass_bytes`` 0 (scalar): Calculon's, the optimizer
-    state read once (:meth:`optimizer_bytes`: 12 bytes per element with
-    16-bit weights).  Otherwise (``optimizer_traffic`` 'fused_adam') every
-    pass of a framework's mixed-precision Adam step, per element of the
-    shard (``weight_grads`` / optimizer shards): ``optimizer_pass_bytes``
-    (gradient norm 4 + fused Adam 28, + 8 for float16's unscaling: see
-    :data:`FUSED_ADAM_BYTES`) plus, when the kept weights are narrower
-    than fp32, the copy of the fp32 master weights into the 16-bit
-    weights: 4 read + 2 written (Megatron-LM megatron/optimizer/
-    optimizer.py, ``_copy_main_params_to_model_params``, a
-    multi_tensor_scale from the fp32 main parameters into the model's;
-    a narrow FP8 copy Transformer Engine makes from it later is not
-    priced, as :meth:`quantize_bytes` says).  38 bytes per element with
-    bfloat16 weights, 46 with float16, against Calculon's 12.  Not
-    priced: zeroing the gradient buffer (one memset of it per step) and
-    the distributed optimizer's copy of its gradient shard into fp32."""
+    state read once (:meth:`optimizer_bytes`).  Otherwise, per element of
+    the shard (``weight_grads`` / optimizer shards), those bytes (the
+    passes of :data:`FUSED_ADAM_BYTES`, and :data:`FP16_UNSCALE_BYTES`
+    with float16) plus, when the kept weights are narrower than fp32, the
+    copy of the fp32 master weights into the 16-bit weights: 4 read + 2
+    written (Megatron-LM megatron/optimizer/optimizer.py,
+    ``_copy_main_params_to_model_params``; Transformer Engine's FP8 copy
+    made from it later is not priced, as :meth:`quantize_bytes` says).
+    38 bytes per element with bfloat16 weights, 46 with float16, against
+    Calculon's 12.  Not priced: zeroing the gradient buffer and the
+    distributed optimizer's copy of its gradient shard into fp32."""
     per = self.ctx.optimizer_pass_bytes
     if _is_zero(per):
       return self.optimizer_bytes()
