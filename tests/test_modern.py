@@ -412,7 +412,7 @@ def test_vocabulary_on_first_and_last_stage():
   assert value(ev.embed.weight_elems) == table
   assert value(ev.head.weight_elems) == table + 4096   # + the final norm
   logits = 8192 * 128256 // tp * 4
-  assert value(ev._head_activation_bytes) >= logits
+  assert value(ev.head_activation_bytes) >= logits
   assert value(ev.vocab_extra_time_s) > 0
   assert value(ev.total_time_s) > value(ev.total_time_s -
                                         ev.vocab_extra_time_s)
@@ -893,7 +893,7 @@ def test_fsdp2_buffer_copies_hand_count():
   mem = system.mem1
   fw = mem.time_s(4.0 * w)
   bw = mem.time_s(4.0 * w) + mem.time_s(6.0 * w)
-  fw_s, bw_s = copies._block_fsdp_copy_s
+  fw_s, bw_s = copies.block_fsdp_copy_s
   assert value(fw_s) == pytest.approx(fw, rel=1e-12)
   assert value(bw_s) == pytest.approx(bw, rel=1e-12)
   mult = 32 * 2                                 # blocks x microbatches

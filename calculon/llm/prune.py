@@ -15,12 +15,24 @@ pricing them in full:
   overlap and the three offloads) change only terms the bound leaves out
   or bounds from below, so one evaluation of the reduced grid bounds all
   16 inner combinations of each cell.
-* :func:`evaluate_survivors`: the cells whose bound reaches the threshold
+* :func:`search_group`: the cells whose bound reaches the threshold
   are expanded over the inner axes and priced in full, as flat batches.
 
 Every bound is a true lower bound of ``Evaluation.total_time_s`` (each
 function says why), so the top-n is exactly the exhaustive search's; a
-brute-force test checks it.
+brute-force test checks it (tests/test_search.py), and a property test
+checks both bounds against priced rates on random cells of the modern
+space (tests/test_bound.py).
+
+The bounds read only public terms of the engine: the block's totals, the
+exposed time the concerns add to every block
+(:attr:`~calculon.llm.terms.evaluation.Evaluation.block_fw_extra_s`,
+``block_bw_extra_s``), blocks x microbatches (``block_microbatches``),
+whether gradients are reduced at the batch end (``dp_reduces_at_end``),
+the engine's bubble formula
+(:meth:`~calculon.llm.terms.schedule.ScheduleTerms.bubble_s`), and
+Evaluations that reuse the level-1 totals
+(:meth:`~calculon.llm.terms.blocks.BlockTerms.reusing_totals`).
 """
 
 import itertools
@@ -51,15 +63,19 @@ def rate_bound(ev):
   The batch time is at least the blocks' compute (forward, recomputation,
   backward and the optimizer step, :class:`~calculon.llm.block.BlockTotals`)
   and the TP communication they expose (the smaller of a base and an edge
-  block's), the exposed CP ring, FSDP and expert-parallel traffic of a
-  block (terms of every block's time), the embedding and LM head's compute,
-  plus the pipeline bubble those block times alone would make: every other
-  term of ``total_time_s`` (exposed PP/DP communication, offload, the
-  vocabulary's optimizer and DP...) is >= 0, the real base and edge block
-  times are >= these, and the bubble grows with them (its coefficients
-  (PP - 1 + extra) (blocks per chunk - 1) - reduction / 2 and PP - 1 +
-  extra - reduction / 2 are >= 0 because the reduction is at most PP - 1
-  blocks).  So batch / bound >= every sample rate the executions reach.
+  block's), the exposed time every concern adds to every block
+  (:attr:`~calculon.llm.terms.evaluation.Evaluation.block_fw_extra_s` and
+  ``block_bw_extra_s``: CP ring, FSDP and expert-parallel traffic; the
+  batch terms of a concern include its block terms over every block and
+  microbatch, :class:`~calculon.llm.terms.base.Concern`), the embedding and
+  LM head's compute, plus the pipeline bubble those block times alone
+  would make (the engine's
+  :meth:`~calculon.llm.terms.schedule.ScheduleTerms.bubble_s`): every
+  other term of ``total_time_s`` (exposed PP/DP communication, offload,
+  the vocabulary's optimizer and DP...) is >= 0, the real base and edge
+  block times are >= these, and the bubble grows with them (see
+  ``bubble_s``).  So batch / bound >= every sample rate the executions
+  reach.
   """
   b = ev.block
   train = ev.training
@@ -73,7 +89,7 @@ def rate_bound(ev):
   # Exposed CP, FSDP and EP traffic, at its smallest over the axes the
   # block's compute does not depend on (their tiers, the dispatcher...), so
   # the bound keeps the block's axes only.
-  extra = np.asarray(ev._block_fw_extra_s + ev._block_bw_extra_s)
+  extra = np.asarray(ev.block_fw_extra_s + ev.block_bw_extra_s)
   core = np.shape(fw + bw)
   if extra.ndim:
     core = (1,) * (extra.ndim - len(core)) + core
@@ -82,16 +98,13 @@ def rate_bound(ev):
     if free:
       extra = extra.min(axis=free, keepdims=True)
   per_block = fw + bw + extra
-  compute = ev._mult * per_block + np.where(
+  compute = ev.block_microbatches * per_block + np.where(
     train, ev.blocks_per_proc * b.optim_time, 0)
   if ev.app.has_vocab:
     compute = compute + ev.vocab_time_s
-  pp, nmb = ev.pp, ev.num_microbatches
-  missing = nmb % pp
-  extra = np.where(missing != 0, (ev.interleaving - 1) * (pp - missing), 0)
-  bpc = ev.blocks_per_chunk
-  red = ev.bubble_reduction_blocks
-  bubble = ((pp - 1 + extra) * bpc - red) * per_block
+  # Every base and edge block at least per_block (forward and backward
+  # together: the bubble weighs both alike).
+  bubble = ev.bubble_s(per_block, per_block, 0.0, 0.0)
   with np.errstate(divide='ignore', invalid='ignore'):
     return ev.exe.batch_size / (compute + np.maximum(bubble, 0))
 
@@ -131,7 +144,7 @@ def reduced_bound(ev, dp_overlap_possible):
   total = ev.total_time_s
   if dp_overlap_possible:
     plain = ev.dp_comm_exposed_time_s
-    one_block = np.where(ev._dp_active, ev.block_dp_time_s, 0)
+    one_block = np.where(ev.dp_reduces_at_end, ev.block_dp_time_s, 0)
     total = total - plain + np.minimum(plain, one_block)
   with np.errstate(divide='ignore', invalid='ignore'):
     rate = ev.exe.batch_size / total
@@ -206,15 +219,16 @@ def price_flat(spec, cols, shape=None, source=None, index=None):
   along its first dimension until the failing cells are found (reason
   ENGINE_ERROR).  ``source``, ``index``: an Evaluation whose block totals
   the cells reuse, and the cells' indices into its grid (see
-  :class:`TotalsAt`)."""
+  :meth:`~calculon.llm.terms.blocks.BlockTerms.reusing_totals`)."""
   if shape is None:
     shape = np.broadcast_shapes(*(np.shape(getattr(cols, f))
                                   for f in vars(cols)))
   shape = tuple(shape) or (1,)
   try:
-    ev = Evaluation(spec.app, spec.system, cols)
-    if source is not None:
-      _reuse_totals(ev, source, index)
+    if source is None:
+      ev = Evaluation(spec.app, spec.system, cols)
+    else:
+      ev = Evaluation.reusing_totals(source, cols, index)
     with np.errstate(all='ignore'):
       rate = np.broadcast_to(ev.sample_rate, shape).astype(float)
       reason = np.broadcast_to(ev.reason, shape).astype(np.int64)
@@ -240,38 +254,6 @@ def price_flat(spec, cols, shape=None, source=None, index=None):
 
 #: Cells of a level-2 grid priced at once.
 L2_CELLS = 1 << 18
-
-
-class TotalsAt:
-  """The per-block totals of a grid (a BlockTotals or BlockMix over the
-  group's reduced grid) read at the cells of a new grid: ``index`` holds,
-  per axis of the source grid, an integer array broadcastable to the new
-  grid's shape giving each new cell's index along that axis.  The block
-  depends on none of the inner axes, so the Evaluations of level-2 grids
-  and of the inner combinations reuse the level-1 block instead of
-  rebuilding it."""
-
-  def __init__(self, totals, index):
-    self._totals, self._index = totals, index
-
-  def __getattr__(self, name):
-    if name.startswith('_'):
-      raise AttributeError(name)
-    value = getattr(self._totals, name)
-    if np.ndim(value):
-      value = np.asarray(value)
-      sel = tuple(ix if n > 1 else 0
-                  for ix, n in zip(self._index, value.shape))
-      value = value[sel]
-    setattr(self, name, value)
-    return value
-
-
-def _reuse_totals(ev, source, index):
-  """Gives Evaluation ``ev`` the block, embedding and head totals of
-  Evaluation ``source`` (see :class:`TotalsAt`)."""
-  for attr in ('block', 'embed', 'head'):
-    ev.__dict__[attr] = TotalsAt(getattr(source, attr), index)
 
 
 def search_group(spec, group, top_n, threshold_of):
@@ -371,9 +353,10 @@ def search_group(spec, group, top_n, threshold_of):
         index.append(np.arange(dims[1 + i]).reshape(dims))
     try:
       with np.errstate(all='ignore'):
-        ev2 = Evaluation(spec.app, spec.system, grid)
-        if ev1 is not None:
-          _reuse_totals(ev2, ev1, index)
+        if ev1 is None:
+          ev2 = Evaluation(spec.app, spec.system, grid)
+        else:
+          ev2 = Evaluation.reusing_totals(ev1, grid, index)
         l2 = np.broadcast_to(reduced_bound(
           ev2, len(group.values['data_par_overlap']) > 1), full_shape)
         valid = np.broadcast_to(valid_mask(grid), full_shape)

@@ -1,0 +1,261 @@
+"""Memory per processor: each kind of memory, on the first and the last
+pipeline stage, in memory tiers 1 and 2.
+
+Provides :class:`MemoryTerms`: the bytes of each kind for the processor's
+blocks (``weight_bytes``, ``act_bytes``, ``act_checkpoint_bytes``,
+``act_grad_bytes``, ``weight_grad_bytes``, ``optimizer_bytes``) and what
+tier 1 still holds of an offloaded kind (the ``*_min`` sizes), the kinds
+of the first and the last stage with the embedding's and the LM head's
+(``first_stage_memory_by_kind``, ``last_stage_memory_by_kind``), those of
+the most loaded stage (``memory_by_kind``), and the tier totals
+(``first_stage_mem1_bytes``, ``last_stage_mem1_bytes``, ``mem1_bytes``,
+``mem2_bytes``).
+
+Reads: ``app``, ``exe``, ``pp``, ``interleaving``, ``training``,
+``full_recompute``, ``fsdp``, ``weight_shards``, ``dpcp``, ``edp``
+(:mod:`~calculon.llm.terms.base`); ``block``,
+``block_act_checkpoint_bytes`` (:mod:`~calculon.llm.terms.blocks`);
+``blocks_per_proc``, ``num_microbatches``
+(:mod:`~calculon.llm.terms.schedule`); ``vocab_memory_first``,
+``vocab_memory_last`` (:mod:`~calculon.llm.terms.vocab`).
+"""
+
+from functools import cached_property
+
+import numpy as np
+
+
+class MemoryTerms:
+  """Memory per processor by kind and tier (see the module)."""
+
+  @cached_property
+  def weight_bytes(self):
+    """Weights of the processor's blocks.  Sharded over DP x CP with FSDP,
+    which also keeps the gathered weights of the block being computed and
+    of the prefetched next one (PyTorch FSDP FULL_SHARD with forward
+    prefetch)."""
+    plain = self.block.weight_bytes * self.blocks_per_proc
+    if not np.any(self.fsdp):
+      return plain
+    working = np.minimum(2, self.blocks_per_proc) * self.block.weight_bytes
+    sharded = plain / self.weight_shards
+    if self.app.is_moe:
+      experts = self.block.expert_weight_bytes * self.blocks_per_proc
+      sharded = (plain - experts) / self.dpcp + experts / self.edp
+    return np.where(self.fsdp, sharded + working, plain)
+
+  @cached_property
+  def _inflight_factor(self):
+    """Microbatches whose activations are kept: min(nmb, PP) for 1F1B, times
+    1 + (PP - 1) / (interleaving * PP) for the interleaved schedule
+    (Korthikanti et al. 2022, section 4.2.3)."""
+    mb = np.where(self.num_microbatches < self.pp, self.num_microbatches,
+                  self.pp)
+    return np.where(self.interleaving > 1, mb * (
+      1 + (self.pp - 1) / (self.interleaving * self.pp)), mb)
+
+  @cached_property
+  def _last_stage_inflight_factor(self):
+    """Microbatches (in units of the processor's blocks) whose activations
+    the last pipeline stage keeps: one with 1F1B; with v model chunks its
+    warm-up holds (v - 1) PP + 1 chunk-microbatches (Megatron-LM
+    ``forward_backward_pipelining_with_interleaving``), i.e.
+    ((v - 1) PP + 1) / v processor-blocks' worth."""
+    v = self.interleaving
+    f = ((v - 1) * self.pp + 1) / v
+    return np.where(self.pp > 1, np.minimum(f, self.num_microbatches),
+                    self._inflight_factor)
+
+  def _act_bytes_for(self, inflight):
+    b = self.block
+    kept = b.act_working_bytes + b.act_storage_bytes * (
+      self.blocks_per_proc * inflight - 1)
+    return np.where(self.training & ~self.full_recompute, kept,
+                    b.act_working_bytes)
+
+  def _checkpoint_bytes_for(self, inflight):
+    ckpt = self.blocks_per_proc * self.block_act_checkpoint_bytes
+    return np.where(self.training & self.full_recompute, ckpt * inflight, 0)
+
+  @cached_property
+  def act_bytes(self):
+    """Activations kept: one working block plus the stored activations of all
+    blocks in flight (only the working block with full recomputation or in
+    inference)."""
+    return self._act_bytes_for(self._inflight_factor)
+
+  @cached_property
+  def act_checkpoint_bytes(self):
+    """Block-input checkpoints of all blocks in flight (full recompute)."""
+    return self._checkpoint_bytes_for(self._inflight_factor)
+
+  @cached_property
+  def act_grad_bytes(self):
+    """Activation gradients of one block."""
+    return np.where(self.training, self.block.act_grad_bytes, 0)
+
+  @cached_property
+  def weight_grad_bytes(self):
+    """One unsharded copy (Calculon: fp32) for the block being computed
+    plus the gradients of the other blocks, sharded per the sharding
+    level."""
+    b = self.block
+    grads = np.where(self.blocks_per_proc == 1,
+                     b.weight_grad_unsharded_bytes,
+                     b.weight_grad_unsharded_bytes + b.weight_grad_bytes * (
+                       self.blocks_per_proc - 1))
+    return np.where(self.training, grads, 0)
+
+  @cached_property
+  def optimizer_bytes(self):
+    return np.where(self.training,
+                    self.block.optimizer_bytes * self.blocks_per_proc, 0)
+
+  # "min" sizes: what tier 1 must still hold when a kind is offloaded
+  # (double-buffered blocks).
+  @cached_property
+  def weight_bytes_min(self):
+    return self.block.weight_bytes * 2
+
+  @cached_property
+  def act_bytes_min(self):
+    b = self.block
+    return np.where(self.full_recompute, b.act_working_bytes,
+                    b.act_working_bytes + b.act_storage_bytes)
+
+  @cached_property
+  def act_checkpoint_bytes_min(self):
+    """NaN (JSON null) in inference, as Calculon reports."""
+    return np.where(self.training, np.where(
+      self.full_recompute, self.block_act_checkpoint_bytes * 2, 0), np.nan)
+
+  @cached_property
+  def weight_grad_bytes_min(self):
+    b = self.block
+    return np.where(self.training, b.weight_grad_unsharded_bytes +
+                    b.weight_grad_bytes, 0)
+
+  @cached_property
+  def optimizer_bytes_min(self):
+    return np.where(self.training, self.block.optimizer_bytes * 2, 0)
+
+  # -- the stages' kinds and the tiers ----------------------------------------
+  def _kinds(self, act, ckpt, vocab):
+    """{kind: (tier-1 bytes, tier-2 bytes)} of a pipeline stage whose
+    blocks keep ``act`` activations and ``ckpt`` checkpoints, plus the
+    embedding / LM head parts ``vocab`` (a dict by kind, tier 1 only)."""
+    e = self.exe
+    wo, ao, oo = e.weight_offload, e.activations_offload, e.optimizer_offload
+    full = self.full_recompute
+    return {
+      'weights': (np.where(wo, self.weight_bytes_min, self.weight_bytes) +
+                  vocab['weights'], np.where(wo, self.weight_bytes, 0)),
+      'activations': (np.where(ao, self.act_bytes_min, act) +
+                      vocab['activations'], np.where(ao & ~full, act, 0)),
+      'checkpoints': (np.where(ao, np.where(full, self.act_checkpoint_bytes_min,
+                                            0), ckpt),
+                      np.where(ao & full, ckpt, 0)),
+      'weight_gradients': (np.where(oo, self.weight_grad_bytes_min,
+                                    self.weight_grad_bytes) +
+                           vocab['weight_gradients'],
+                           np.where(oo, self.block.weight_grad_bytes *
+                                    self.blocks_per_proc, 0)),
+      'optimizer': (np.where(oo, self.optimizer_bytes_min,
+                             self.optimizer_bytes) + vocab['optimizer'],
+                    np.where(oo, self.optimizer_bytes, 0)),
+      'activation_gradients': (np.maximum(self.act_grad_bytes,
+                                          vocab['activation_gradients']), 0),
+    }
+
+  def _tiers(self, kinds):
+    """(tier-1, tier-2) bytes of ``kinds``, summed in Calculon's order and
+    grouping (bit-identical totals)."""
+    oo = self.exe.optimizer_offload
+    w, a, c = kinds['weights'], kinds['activations'], kinds['checkpoints']
+    g, o = kinds['weight_gradients'], kinds['optimizer']
+    t1 = 0 + w[0]
+    t1 = t1 + a[0]
+    t1 = t1 + c[0]
+    t1 = np.where(oo, t1 + g[0] + o[0], t1 + (g[0] + o[0]))
+    t1 = t1 + kinds['activation_gradients'][0]
+    t2 = 0 + w[1]
+    t2 = t2 + (a[1] + c[1])
+    t2 = t2 + g[1]
+    t2 = t2 + o[1]
+    return t1, t2
+
+  @cached_property
+  def first_stage_memory_by_kind(self):
+    """Memory kinds of the first pipeline stage (Calculon's processor 0;
+    with a vocabulary it also holds the embedding, and the LM head when
+    PP = 1)."""
+    return self._kinds(self.act_bytes, self.act_checkpoint_bytes,
+                       self.vocab_memory_first)
+
+  @cached_property
+  def last_stage_memory_by_kind(self):
+    """Memory kinds of the last pipeline stage (fewer microbatches in
+    flight; the LM head and its logits)."""
+    f = self._last_stage_inflight_factor
+    return self._kinds(self._act_bytes_for(f), self._checkpoint_bytes_for(f),
+                       self.vocab_memory_last)
+
+  @cached_property
+  def first_stage_mem1_bytes(self):
+    """Memory tier 1 needed by a first-stage processor."""
+    return self._tiers(self.first_stage_memory_by_kind)[0]
+
+  @cached_property
+  def last_stage_mem1_bytes(self):
+    """Memory tier 1 needed by a last-stage processor (= first with PP 1)."""
+    return np.where(self.pp > 1,
+                    self._tiers(self.last_stage_memory_by_kind)[0],
+                    self.first_stage_mem1_bytes)
+
+  @cached_property
+  def _last_binds(self):
+    """The last stage needs more tier-1 memory than the first.  Without a
+    vocabulary it never does (same blocks, fewer microbatches in flight),
+    so it is not computed."""
+    if not self.app.has_vocab:
+      return False
+    return self.last_stage_mem1_bytes > self.first_stage_mem1_bytes
+
+  @cached_property
+  def memory_by_kind(self):
+    """Where each kind of memory lives on the most loaded pipeline stage:
+    {kind: (tier-1 bytes, tier-2 bytes)} for 'weights', 'activations',
+    'checkpoints', 'weight_gradients', 'optimizer', 'activation_gradients'.
+
+    An offloaded kind keeps its double-buffered working set in tier 1 (the
+    "min" sizes) and all of it in tier 2; activation gradients stay in tier 1.
+    (Calculon, memory model; the sums are :attr:`mem1_bytes` and
+    :attr:`mem2_bytes`.)
+    """
+    first = self.first_stage_memory_by_kind
+    if not np.any(self._last_binds):
+      return first
+    last = self.last_stage_memory_by_kind
+    lb = self._last_binds
+    return {k: (np.where(lb, last[k][0], first[k][0]),
+                np.where(lb, last[k][1], first[k][1])) for k in first}
+
+  @cached_property
+  def _mem_reqs(self):
+    first = self._tiers(self.first_stage_memory_by_kind)
+    if not self.app.has_vocab:
+      return first
+    t1 = np.where(self._last_binds, self.last_stage_mem1_bytes, first[0])
+    return t1, first[1]
+
+  @cached_property
+  def mem1_bytes(self):
+    """Memory tier 1 (HBM) needed per processor: the most loaded pipeline
+    stage (Calculon: processor 0, which keeps the most microbatches in
+    flight)."""
+    return self._mem_reqs[0]
+
+  @cached_property
+  def mem2_bytes(self):
+    """Memory tier 2 (offload target) needed per processor."""
+    return self._mem_reqs[1]

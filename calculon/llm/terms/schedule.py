@@ -1,0 +1,228 @@
+"""The pipeline schedule: microbatches, blocks and chunks, block and
+chunk times, and the bubble.
+
+Schedule model (Calculon, Isaev et al. SC'23, section 3; Narayanan et al.
+SC'21 for 1F1B and the interleaved schedule): each processor holds
+``blocks_per_proc`` blocks split into ``pipeline_interleaving`` chunks; a
+chunk is ``blocks_per_chunk - 1`` *base* blocks followed by one *edge*
+block that also sends the activation to the next pipeline stage.  Times
+are for processor 0.
+
+Provides :class:`ScheduleTerms`: ``num_microbatches``,
+``vocab_in_split``, ``blocks_per_proc``, ``bubble_reduction_blocks``,
+``blocks_per_chunk``, ``chunks_per_proc``, ``baseblocks_per_chunk``,
+``edgeblocks_per_chunk``, ``block_microbatches`` (blocks x microbatches),
+:meth:`~ScheduleTerms._per_chunks` (a base/edge quantity over every chunk
+and microbatch), the base and edge blocks' forward and backward times
+(with and without offload), the chunk times, and the bubble
+(:meth:`~ScheduleTerms.bubble_s` from given block times, and
+``bubble_time_s``).
+
+Reads: ``app``, ``exe``, ``pp``, ``interleaving``
+(:mod:`~calculon.llm.terms.base`); ``block``
+(:mod:`~calculon.llm.terms.blocks`); ``chunk_fw_pp_time_s``,
+``chunk_bw_pp_time_s`` (:mod:`~calculon.llm.terms.pipeline`);
+``block_fw_extra_s``, ``block_bw_extra_s`` (the concerns' sum,
+:mod:`~calculon.llm.terms.evaluation`); the offload overheads
+``baseblock_fw_offload_overhead_s``, ``edgeblock_fw_offload_overhead_s``,
+``baseblock_bw_offload_overhead_s``, ``edgeblock_bw_offload_overhead_s``
+(:mod:`~calculon.llm.terms.offload`).
+"""
+
+from functools import cached_property
+
+import numpy as np
+
+
+class ScheduleTerms:
+  """The schedule's counts, block and chunk times, and the bubble (see
+  the module)."""
+
+  #: Edge blocks per chunk: the last block of each chunk.
+  edgeblocks_per_chunk = 1
+
+  @cached_property
+  def num_microbatches(self):
+    """Microbatches of one data-parallel replica per batch: (batch / DP) /
+    microbatch size."""
+    e = self.exe
+    return (e.batch_size // e.data_par) // e.microbatch_size
+
+  @cached_property
+  def vocab_in_split(self):
+    """True where the pipeline split counts the embedding and the LM head
+    as a block each (``pipeline_split_counts_vocab``, PP > 1; see
+    ``blocks_per_proc`` and ``vocab_time_s``)."""
+    return self.exe.pipeline_split_counts_vocab & (self.pp > 1)
+
+  @cached_property
+  def _pipeline_split(self):
+    """(blocks per processor, bubble reduction in blocks).
+
+    Blocks per processor, rounded up; the last PP - (L mod PP) stages hold
+    one block less, which shortens the bubble (see bubble_time_s).  When
+    the split counts the embedding and the LM head as a block each
+    (pipeline_split_counts_vocab), L + 2 slots are split and the two end
+    stages give one slot each to them (see vocab_time_s)."""
+    nb = self.app.num_blocks + np.where(self.vocab_in_split, 2, 0)
+    rem = nb % self.pp
+    return (nb // self.pp + (rem != 0),
+            np.where(rem != 0, self.pp - rem, 0))
+
+  @cached_property
+  def blocks_per_proc(self):
+    """Blocks of the busiest pipeline stage (blocks / PP rounded up)."""
+    return self._pipeline_split[0]
+
+  @cached_property
+  def bubble_reduction_blocks(self):
+    """Blocks the later stages hold less than the first (PP - (L mod PP)
+    where PP does not divide the L blocks; see :attr:`bubble_time_s`)."""
+    return self._pipeline_split[1]
+
+  @cached_property
+  def blocks_per_chunk(self):
+    """Blocks of one chunk: blocks per processor / interleaving."""
+    return self.blocks_per_proc // self.interleaving
+
+  @cached_property
+  def chunks_per_proc(self):
+    """Chunks of a processor: blocks per processor / blocks per chunk."""
+    with np.errstate(divide='ignore', invalid='ignore'):
+      return self.blocks_per_proc // np.maximum(self.blocks_per_chunk, 1)
+
+  @cached_property
+  def baseblocks_per_chunk(self):
+    """Base blocks of one chunk: all but its edge block."""
+    return self.blocks_per_chunk - 1
+
+  @cached_property
+  def block_microbatches(self):
+    """Blocks x microbatches of the busiest stage: how many times a
+    per-block, per-microbatch quantity occurs in the batch."""
+    return self.blocks_per_proc * self.num_microbatches
+
+  def _per_chunks(self, base, edge):
+    """Sum over all chunks and microbatches of a base/edge block quantity."""
+    return self.num_microbatches * self.chunks_per_proc * (
+      (self.baseblocks_per_chunk * base) + (self.edgeblocks_per_chunk * edge))
+
+  # -- base and edge blocks: compute, exposed communication, offload ----------
+  @cached_property
+  def baseblock_fw_time_no_offload_s(self):
+    """Forward of a base block without offload: compute, exposed TP
+    traffic and the concerns' exposed extra (``block_fw_extra_s``)."""
+    return self.block.fw_time + self.block.base_fw_tp_exposed + \
+      self.block_fw_extra_s
+
+  @cached_property
+  def edgeblock_fw_time_no_offload_s(self):
+    """Forward of an edge block without offload: a base block's (with the
+    edge block's TP traffic) plus the transfer to the next stage."""
+    return self.block.fw_time + self.block.edge_fw_tp_exposed + \
+      self.chunk_fw_pp_time_s + self.block_fw_extra_s
+
+  @cached_property
+  def baseblock_fw_time_s(self):
+    """Forward of a base block: without offload plus the offload it does
+    not hide."""
+    return self.baseblock_fw_time_no_offload_s + \
+      self.baseblock_fw_offload_overhead_s
+
+  @cached_property
+  def edgeblock_fw_time_s(self):
+    """Forward of an edge block: without offload plus the offload it does
+    not hide."""
+    return self.edgeblock_fw_time_no_offload_s + \
+      self.edgeblock_fw_offload_overhead_s
+
+  @cached_property
+  def baseblock_bw_time_no_offload_s(self):
+    """Backward of a base block without offload: recomputation and its
+    exposed redone TP traffic, activation and weight gradients, exposed
+    TP traffic and the concerns' exposed extra (``block_bw_extra_s``)."""
+    b = self.block
+    return b.re_time + b.base_recomm_exposed + b.agrad_time + b.wgrad_time + \
+      b.base_agrad_tp_exposed + self.block_bw_extra_s
+
+  @cached_property
+  def edgeblock_bw_time_no_offload_s(self):
+    """Backward of an edge block without offload: a base block's (with
+    the edge block's TP traffic) plus the transfer to the previous
+    stage."""
+    b = self.block
+    return b.re_time + b.edge_recomm_exposed + b.agrad_time + b.wgrad_time + \
+      b.edge_agrad_tp_exposed + self.chunk_bw_pp_time_s + \
+      self.block_bw_extra_s
+
+  @cached_property
+  def baseblock_bw_time_s(self):
+    """Backward of a base block: without offload plus the offload it does
+    not hide."""
+    return self.baseblock_bw_time_no_offload_s + \
+      self.baseblock_bw_offload_overhead_s
+
+  @cached_property
+  def edgeblock_bw_time_s(self):
+    """Backward of an edge block: without offload plus the offload it does
+    not hide."""
+    return self.edgeblock_bw_time_no_offload_s + \
+      self.edgeblock_bw_offload_overhead_s
+
+  # -- chunks and the pipeline bubble -----------------------------------------
+  @cached_property
+  def chunk_fw_time_s(self):
+    """Forward time of one chunk (:meth:`chunk_time_s`)."""
+    return self.chunk_time_s(self.baseblock_fw_time_s,
+                             self.edgeblock_fw_time_s)
+
+  @cached_property
+  def chunk_bw_time_s(self):
+    """Backward time of one chunk (:meth:`chunk_time_s`)."""
+    return self.chunk_time_s(self.baseblock_bw_time_s,
+                             self.edgeblock_bw_time_s)
+
+  def chunk_time_s(self, base, edge):
+    """Time of one chunk whose base blocks take ``base`` and whose edge
+    block takes ``edge`` seconds (arrays broadcastable over the
+    executions): base blocks per chunk x ``base`` + ``edge``."""
+    return (self.baseblocks_per_chunk * base) + \
+      (self.edgeblocks_per_chunk * edge)
+
+  def bubble_s(self, base_fw, edge_fw, base_bw, edge_bw):
+    """Pipeline bubble (seconds) of the (interleaved) 1F1B schedule whose
+    base and edge blocks take the given forward and backward seconds (per
+    block and microbatch; arrays broadcastable over the executions).
+    :attr:`bubble_time_s` is this of the blocks' times; a lower bound of
+    the batch time (:func:`calculon.llm.prune.rate_bound`) calls it with
+    lower bounds of them (the bubble grows with each: its coefficients,
+    (PP - 1 + extra) (blocks per chunk - 1) - reduction / 2 and
+    PP - 1 + extra - reduction / 2, are >= 0 since the reduction is at
+    most PP - 1 blocks).
+
+    (PP - 1) chunk times (forward + backward), as in Narayanan et al. SC'21
+    eq. 1 per chunk.  With interleaving and a microbatch count that is not a
+    multiple of PP, each of the (interleaving - 1) overlappable chunks waits
+    for the missing microbatches: (interleaving - 1) * (PP - nmb mod PP)
+    extra chunk times.  When PP does not divide the block count, later stages
+    hold one block less and the bubble shrinks by that many blocks' time
+    (half base, half edge when chunks have base blocks).
+    """
+    chunk_time = self.chunk_time_s(base_fw, edge_fw) + \
+      self.chunk_time_s(base_bw, edge_bw)
+    red = self.bubble_reduction_blocks
+    reduction = np.where(
+      self.baseblocks_per_chunk > 0,
+      red * (base_fw + edge_fw + base_bw + edge_bw) / 2,
+      red * (edge_fw + edge_bw))
+    nmb, pp = self.num_microbatches, self.pp
+    missing = nmb % pp
+    extra = np.where(missing != 0, (self.interleaving - 1) * (pp - missing), 0)
+    return (pp - 1) * chunk_time + (extra * chunk_time - reduction)
+
+  @cached_property
+  def bubble_time_s(self):
+    """Pipeline bubble of the (interleaved) 1F1B schedule: :meth:`bubble_s`
+    of the base and edge blocks' forward and backward times."""
+    return self.bubble_s(self.baseblock_fw_time_s, self.edgeblock_fw_time_s,
+                         self.baseblock_bw_time_s, self.edgeblock_bw_time_s)

@@ -1,0 +1,211 @@
+"""The embedding, the LM head and the loss (first and last pipeline
+stages).
+
+Provides :class:`VocabTerms` and its :data:`~VocabTerms.CONCERN` (the
+batch term ``vocab_extra_time_s``, for a model with a vocabulary): their
+layers and per-microbatch totals (``embed_layers``, ``head_layers``,
+``embed``, ``head``), their time over the batch (``embedding_time_s``,
+``lm_head_time_s``, and what they add to the batch time:
+``vocab_time_s``, ``vocab_optim_time_s``, ``vocab_dp_time_s``,
+``vocab_extra_time_s``), and their memory on the first and the last stage
+(``head_activation_bytes``, ``vocab_memory_first``,
+``vocab_memory_last``).
+
+Reads: ``app``, ``system``, ``exe``, ``ctx``, ``pp``, ``training``,
+``fsdp``, ``weight_shards``, ``grad_bytes``
+(:mod:`~calculon.llm.terms.base`); ``num_microbatches``,
+``vocab_in_split``, ``baseblock_fw_time_no_offload_s``,
+``baseblock_bw_time_no_offload_s`` (:mod:`~calculon.llm.terms.schedule`);
+:meth:`~calculon.llm.terms.data.DataTerms._dp_time_s`;
+:meth:`~calculon.llm.terms.fsdp.FsdpTerms._fsdp_times_s`.
+"""
+
+from functools import cached_property
+
+import numpy as np
+
+from calculon.llm.block import BlockTotals, build_embedding, build_head
+from calculon.llm.terms.base import Concern
+
+_NO_VOCAB_MEMORY = {k: 0.0 for k in (
+  'weights', 'activations', 'weight_gradients', 'optimizer',
+  'activation_gradients')}
+
+
+class VocabTerms:
+  """The embedding, the LM head and the loss (see the module)."""
+
+  #: What the embedding, the LM head and the loss add to the batch time,
+  #: for a model with a vocabulary.
+  CONCERN = Concern('vocabulary', lambda ev: bool(ev.app.has_vocab),
+                    batch=('vocab_extra_time_s',))
+
+  @cached_property
+  def embed_layers(self):
+    """Layers of the input embedding (see :func:`build_embedding`)."""
+    return build_embedding(self.app, self.exe, self.ctx)
+
+  @cached_property
+  def head_layers(self):
+    """Layers of the LM head and loss (see :func:`build_head`).  With tied
+    embeddings and PP = 1 the head uses the embedding's weights; with PP > 1
+    the last stage keeps its own copy (Megatron-LM's embedding group)."""
+    holds = True
+    if self.app.tied_embeddings:
+      holds = self.pp > 1
+    return build_head(self.app, self.exe, self.ctx, holds)
+
+  @cached_property
+  def embed(self):
+    """Per-microbatch totals of the embedding (:class:`BlockTotals`)."""
+    with np.errstate(divide='ignore', invalid='ignore'):
+      return BlockTotals(self.embed_layers, self.training, False)
+
+  @cached_property
+  def head(self):
+    """Per-microbatch totals of the LM head and loss."""
+    with np.errstate(divide='ignore', invalid='ignore'):
+      return BlockTotals(self.head_layers, self.training, False)
+
+  # -- time -------------------------------------------------------------------
+  def _stage_time_s(self, t):
+    """Forward and backward seconds of one microbatch through ``t``."""
+    fw = t.fw_time + t.base_fw_tp_exposed
+    bw = t.agrad_time + t.wgrad_time + t.base_agrad_tp_exposed
+    return fw + np.where(self.training, bw, 0)
+
+  @cached_property
+  def embedding_time_s(self):
+    """Embedding forward + backward over the batch (first stage)."""
+    return self.num_microbatches * self._stage_time_s(self.embed)
+
+  @cached_property
+  def lm_head_time_s(self):
+    """LM head and loss forward + backward over the batch (last stage)."""
+    return self.num_microbatches * self._stage_time_s(self.head)
+
+  @cached_property
+  def vocab_time_s(self):
+    """What the embedding, LM head and loss add to the batch time.
+
+    Pipeline stages hold blocks / PP blocks each (Megatron-LM's default,
+    without --account-for-embedding-in-pipeline-split); the embedding runs
+    on the first stage, the head and loss on the last.  With PP = 1 every
+    microbatch runs both.  With PP > 1 the 1F1B steady state runs at the
+    pace of the slower of the two stages, so each microbatch but one adds
+    the larger extra, and the first and the last microbatch cross both
+    ends: (nmb - 1) max(E, H) + E + H per batch, E and H the forward +
+    backward seconds of one microbatch.
+
+    With ``pipeline_split_counts_vocab`` the two end stages hold one block
+    less (Megatron-Core ``--account-for-embedding-in-pipeline-split`` and
+    ``--account-for-loss-in-pipeline-split``: L + 2 slots split over the
+    stages, one fewer block built on the first and the last;
+    megatron/core/transformer/transformer_block.py,
+    get_num_layers_to_build): E and H become E - b and H - b, b the forward
+    + backward seconds of one block (recomputation and exposed TP traffic
+    included; offload overheads left out, so the term never shrinks as
+    they grow), and the steady state adds max(E - b, H - b, 0), never
+    running faster than the middle stages.
+    """
+    e = self._stage_time_s(self.embed)
+    h = self._stage_time_s(self.head)
+    if np.any(self.vocab_in_split):
+      # The end stages run E and H in place of one block each.
+      block_s = self.baseblock_fw_time_no_offload_s + np.where(
+        self.training, self.baseblock_bw_time_no_offload_s, 0)
+      b = np.where(self.vocab_in_split, block_s, 0)
+      e, h = e - b, h - b
+    # E and H are >= 0 without the split, so the floor acts only with it.
+    steady = np.maximum(np.maximum(e, h), 0)
+    nmb = self.num_microbatches
+    return np.where(self.pp > 1, (nmb - 1) * steady + e + h,
+                    nmb * (e + h))
+
+  @cached_property
+  def vocab_optim_time_s(self):
+    """Optimizer step of the embedding and LM head weights (the slower of
+    the first and last stage; both with PP = 1)."""
+    e, h = self.embed.optim_time, self.head.optim_time
+    return np.where(self.training, np.where(self.pp > 1, np.maximum(e, h),
+                                            e + h), 0)
+
+  def _vocab_dp_s(self, t):
+    """Data-parallel communication of the weights of ``t`` per batch:
+    the end-of-batch reduction (:meth:`_dp_time_s`), or with FSDP its
+    gathers and reduce-scatter every microbatch.  Not overlapped: the
+    embedding's gradients are the last the first stage produces."""
+    ag, rs = self._fsdp_times_s(t)
+    fsdp = self.num_microbatches * (2 * ag + rs)
+    return np.where(self.fsdp, fsdp, self._dp_time_s(t))
+
+  @cached_property
+  def vocab_dp_time_s(self):
+    """DP communication of the embedding and LM head weights, plus with
+    tied embeddings and PP > 1 the all-reduce of the embedding gradients
+    between the first and last stage (Megatron-LM's embedding group, on the
+    PP tier)."""
+    if not self.app.has_vocab:
+      return 0.0
+    e, h = self._vocab_dp_s(self.embed), self._vocab_dp_s(self.head)
+    tie = 0.0
+    if self.app.tied_embeddings:
+      size = self.embed.weight_elems * self.grad_bytes
+      tie = np.where((self.pp > 1) & self.training, self.system.networks.time_s(
+        'all_reduce', size, 2, self.exe.pipeline_par_net), 0)
+    return np.where(self.pp > 1, np.maximum(e, h) + tie, e + h)
+
+  @cached_property
+  def vocab_extra_time_s(self):
+    """Everything the embedding, LM head and loss add to the batch time."""
+    return self.vocab_time_s + self.vocab_optim_time_s + self.vocab_dp_time_s
+
+  # -- memory -----------------------------------------------------------------
+  def _vocab_memory(self, t, activations):
+    """Tier-1 bytes by kind of the weights in ``t`` (sharded per the
+    sharding level) and the given activations."""
+    train = self.training
+    return {
+      'weights': t.weight_bytes / self.weight_shards,
+      'activations': activations,
+      'weight_gradients': np.where(train, t.weight_grad_bytes, 0),
+      'optimizer': np.where(train, t.optimizer_bytes, 0),
+      'activation_gradients': np.where(train, t.act_grad_bytes, 0),
+    }
+
+  @cached_property
+  def head_activation_bytes(self):
+    """The LM head's working set and what it keeps for the backward pass
+    (the fp32 softmax of the logits): one microbatch in flight."""
+    h = self.head
+    return h.act_working_bytes + np.where(self.training, h.act_storage_bytes,
+                                          0)
+
+  @property
+  def _head_activation_bytes(self):
+    """:attr:`head_activation_bytes` (the name
+    :data:`calculon.llm.stats.STATS` reads)."""
+    return self.head_activation_bytes
+
+  @cached_property
+  def vocab_memory_last(self):
+    """Tier-1 bytes by kind of the LM head on the last stage."""
+    if not self.app.has_vocab:
+      return _NO_VOCAB_MEMORY
+    return self._vocab_memory(self.head, self.head_activation_bytes)
+
+  @cached_property
+  def vocab_memory_first(self):
+    """Tier-1 bytes by kind of the embedding on the first stage (and of the
+    LM head too when PP = 1)."""
+    if not self.app.has_vocab:
+      return _NO_VOCAB_MEMORY
+    e = self._vocab_memory(self.embed, 0.0)
+    h = self.vocab_memory_last
+    single = self.pp == 1
+    out = {k: e[k] + np.where(single, h[k], 0) for k in e}
+    out['activation_gradients'] = np.where(
+      single, np.maximum(e['activation_gradients'],
+                         h['activation_gradients']),
+      e['activation_gradients'])
+    return out
