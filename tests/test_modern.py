@@ -511,8 +511,9 @@ def test_quantization_scaling_bytes():
     Execution.from_dict(dict(BASE_EXE, quantization_scaling='amax'))
   with pytest.raises(ConfigError, match="field 'quantization_scaling' = "
                      '"current" is not allowed with precision_recipe = '
-                     '"uniform": the casts it scales exist only with '
-                     '"transformer_engine"'):
+                     '"uniform": it needs precision_recipe = '
+                     '"transformer_engine" \\(the casts it scales exist '
+                     'only with that recipe\\)'):
     Execution.from_dict(dict(BASE_EXE, quantization_scaling='current'))
 
 

@@ -1,58 +1,14 @@
 """The application (transformer model) configuration.
 
 Calculon's six fields describe the GPT-3 block of 2021.  Optional fields
-describe how LLMs are built today; each one, when absent, means exactly what
-Calculon means (so every Calculon file keeps giving Calculon's numbers):
-
-=====================  =========================================  ==========
-field                  meaning                                    absent
-=====================  =========================================  ==========
-``kv_heads``           K/V heads (grouped-query attention; 1 is   the
-                       multi-query, ``attn_heads`` multi-head)    execution's
-                                                                  attention_type
-``mlp``                ``plain`` (2 GEMMs, GeLU) or ``gated``     ``plain``
-                       (SwiGLU/GeGLU: gate and up GEMMs of width
-                       ``feedforward``, then down)
-``norm``               ``layernorm`` or ``rmsnorm``               ``layernorm``
-``linear_bias``        ``all``, ``qkv`` (Qwen2) or ``none``       ``all``
-``vocab_size``         vocabulary V: input embedding, LM head,    no embedding
-                       cross-entropy loss (first/last stage)      or head
-``tied_embeddings``    the LM head reuses the embedding table     ``false``
-``position_embedding`` ``learned`` (s x h table) or ``rope``      ``learned``
-                                                                  with a
-                                                                  vocabulary
-``block_layout``       ``sequential`` or ``parallel`` (attention  ``sequential``
-                       and MLP read the same normalized input)
-``dropout``            dropout layers (masks kept for backward)   ``true``
-=====================  =========================================  ==========
-
-Mixture-of-Experts (absent: dense): ``num_experts`` routed experts E,
-``top_k`` experts per token k, ``moe_ffn_hidden`` each expert's MLP width
-(experts use ``mlp``), ``shared_experts`` always-on experts and
-``shared_expert_ffn_hidden`` their width (default ``moe_ffn_hidden``),
-``first_dense_blocks`` (the first blocks keep a dense MLP of width
-``feedforward``, DeepSeek-V3) and ``moe_layer_freq`` (every k-th block is
-MoE, Megatron-LM's --moe-layer-freq), ``capacity_factor`` (token dropping:
-each expert takes at most ceil(tokens x k / E x factor) tokens, padded to
-that), ``moe_router_num_groups`` and ``moe_router_group_topk``
-(group-limited routing: the E experts form that many groups of consecutive
-experts and a token's k experts come from at most ``moe_router_group_topk``
-of them; DeepSeek-V3's node-limited routing, n_group 8 and topk_group 4;
-Megatron-LM's --moe-router-num-groups and --moe-router-group-topk; absent:
-any k of the E experts).
-
-Multi-head latent attention (DeepSeek-V2/V3; absent: GQA/MHA):
-``q_lora_rank`` (null: no query compression), ``kv_lora_rank``,
-``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``; ``attn_size``
-must then be ``qk_nope_head_dim + qk_rope_head_dim``.
-
-Sliding-window attention (absent: every block attends causally over the
-whole sequence): ``sliding_window`` w, each query attends to the w most
-recent tokens (itself included; Mistral 7B, Jiang et al. 2023, section 2;
-Gemma 2; gpt-oss), in ``sliding_window_blocks`` of the blocks (absent:
-all; Gemma 2 and gpt-oss alternate windowed and full blocks, half of
-them).  A fused kernel skips the score tiles outside the window; an
-unfused (standard) attention computes and masks the whole matrix.
+describe how LLMs are built today (grouped-query and multi-head latent
+attention, gated MLPs, RMSNorm, vocabularies, Mixture-of-Experts, sliding
+windows); each one, when absent, means exactly what Calculon means, so
+every Calculon file keeps giving Calculon's numbers.  Every field, its
+values, its absent meaning and its source are in the field registry
+(:data:`calculon.config.registry.APPLICATION`, listed in
+docs/reference/applications.md); :class:`Application` checks how they
+combine.
 """
 
 from collections import OrderedDict
@@ -68,41 +24,14 @@ _POSITIVE_INT = Spec('int', lo=1)
 # on GPU Clusters Using Megatron-LM", SC'21, eq. 2 uses V = 51200).
 EMBEDDING_VOCAB = 51200
 
-MLP_NAMES = ('plain', 'gated')
-NORM_NAMES = ('layernorm', 'rmsnorm')
-BIAS_NAMES = ('all', 'qkv', 'none')
-POSITION_NAMES = ('learned', 'rope')
-LAYOUT_NAMES = ('sequential', 'parallel')
+from calculon.config import registry as _registry
+from calculon.config.registry import (  # noqa: F401 -- re-exported
+  BIAS_NAMES, LAYOUT_NAMES, MLP_NAMES, NORM_NAMES, POSITION_NAMES)
 
-#: Optional fields: name -> (spec, default).  Defaults mean Calculon.
-OPTIONAL = OrderedDict([
-  ('kv_heads', (Spec('int', lo=1), None)),
-  ('mlp', (Spec('str', choices=MLP_NAMES), 'plain')),
-  ('norm', (Spec('str', choices=NORM_NAMES), 'layernorm')),
-  ('linear_bias', (Spec('str', choices=BIAS_NAMES), 'all')),
-  ('vocab_size', (Spec('int', lo=1), None)),
-  ('tied_embeddings', (Spec('bool'), False)),
-  ('position_embedding', (Spec('str', choices=POSITION_NAMES), None)),
-  ('block_layout', (Spec('str', choices=LAYOUT_NAMES), 'sequential')),
-  ('dropout', (Spec('bool'), True)),
-  ('num_experts', (Spec('int', lo=1), None)),
-  ('top_k', (Spec('int', lo=1), None)),
-  ('moe_ffn_hidden', (Spec('int', lo=1), None)),
-  ('shared_experts', (Spec('int', lo=0), 0)),
-  ('shared_expert_ffn_hidden', (Spec('int', lo=1), None)),
-  ('first_dense_blocks', (Spec('int', lo=0), 0)),
-  ('moe_layer_freq', (Spec('int', lo=1), 1)),
-  ('capacity_factor', (Spec('number', lo=0, lo_open=True), None)),
-  ('moe_router_num_groups', (Spec('int', lo=1), None)),
-  ('moe_router_group_topk', (Spec('int', lo=1), None)),
-  ('q_lora_rank', (Spec('int', lo=1), None)),
-  ('kv_lora_rank', (Spec('int', lo=1), None)),
-  ('qk_nope_head_dim', (Spec('int', lo=1), None)),
-  ('qk_rope_head_dim', (Spec('int', lo=1), None)),
-  ('v_head_dim', (Spec('int', lo=1), None)),
-  ('sliding_window', (Spec('int', lo=1), None)),
-  ('sliding_window_blocks', (Spec('int', lo=0), None)),
-])
+#: Optional fields: name -> (spec, default), from the field registry
+#: (:data:`calculon.config.registry.APPLICATION`).  Defaults mean Calculon.
+OPTIONAL = OrderedDict((f.name, (f.spec, f.absent))
+                       for f in _registry.APPLICATION if not f.calculon)
 
 MOE_FIELDS = ('top_k', 'moe_ffn_hidden', 'shared_experts',
               'shared_expert_ffn_hidden', 'first_dense_blocks',

@@ -14,6 +14,7 @@ num_procs``, the batch divides evenly...) are written once, vectorized, in
 :data:`RULES`; a single JSON execution is checked as a batch of one.
 """
 
+import dataclasses
 from dataclasses import asdict
 
 import numpy as np
@@ -22,54 +23,15 @@ from calculon.config._record import frozen_record
 from calculon.config._schema import Reader, Spec, show
 from calculon.errors import ConfigError
 
-#: Bytes per element of each supported datatype.  ``float4`` is the
-#: Blackwell block-scaled 4-bit format (NVFP4 / MXFP4: 4-bit elements; the
-#: per-block scales are not counted); MXFP8 is priced as ``float8``.
-DATATYPE_BYTES = {'float8': 1, 'float16': 2, 'float32': 4, 'bfloat16': 2,
-                  'float4': 0.5}
-DATATYPE_NAMES = tuple(DATATYPE_BYTES)
-#: Datatypes narrower than 16 bits (Transformer Engine runs only the linear
-#: layers' GEMMs in them, see ``precision_recipe``).
-NARROW_DATATYPES = ('float8', 'float4')
-ATTENTION_NAMES = ('multihead', 'multiquery', 'grouped')
-RECOMPUTE_NAMES = ('none', 'attn_only', 'full', 'selective')
-TP_COMM_NAMES = ('ar', 'p2p_rs_ag', 'rs_ag')
-TP_OVERLAP_NAMES = ('none', 'ring', 'pipe')
-SHARDING_NAMES = ('none', 'optimizer', 'gradients', 'parameters')
-ATTENTION_KERNEL_NAMES = ('standard', 'flash')
-PRECISION_RECIPE_NAMES = ('uniform', 'transformer_engine')
-#: How the narrow linear layers' scaling factors are found (see
-#: ``quantization_scaling``).
-SCALING_NAMES = ('delayed', 'current', 'block')
-#: The loss's kernels (see ``cross_entropy_kernel``).
-CROSS_ENTROPY_NAMES = ('fused', 'unfused')
-#: Megatron-Core's selective-recomputation modules (--recompute-modules;
-#: megatron/core/transformer/transformer_config.py ``recompute_modules``):
-#: the attention core, the two norms, MLA's up projections and RoPE, the
-#: dense MLP, the MoE layer, the experts' activation, the shared experts;
-#: then PyTorch's per-op selective checkpointing as torchtitan sets it
-#: ('alternate_linears': every second linear layer of a block and every
-#: element-wise op recomputed; torchtitan models/llama3/infra/
-#: parallelize.py, _apply_ac_to_transformer_block, selective_ac_option
-#: 'op': the outputs of mm, SDPA, reduce_scatter and max are saved, except
-#: every second mm).  New names go last: a set's code is its bit mask - 1.
-RECOMPUTE_MODULES = ('core_attn', 'layernorm', 'mla_up_proj', 'mlp', 'moe',
-                     'moe_act', 'shared_experts', 'alternate_linears')
+from calculon.config import registry as _registry
+from calculon.config.registry import (  # noqa: F401 -- re-exported
+  ATTENTION_KERNEL_NAMES, ATTENTION_NAMES, CHECKPOINT_LAYOUT_NAMES,
+  CROSS_ENTROPY_NAMES, DATATYPE_BYTES, DATATYPE_NAMES, DISPATCHER_NAMES,
+  MOE_OVERLAP_NAMES, NARROW_DATATYPES, OPTIMIZER_TRAFFIC_NAMES,
+  PRECISION_RECIPE_NAMES, RECOMPUTE_MODULE_SETS, RECOMPUTE_MODULES,
+  RECOMPUTE_NAMES, SCALING_NAMES, SHARDING_NAMES, TP_COMM_NAMES,
+  TP_OVERLAP_NAMES)
 
-
-def _module_sets():
-  out = []
-  for mask in range(1, 1 << len(RECOMPUTE_MODULES)):
-    out.append(','.join(m for i, m in enumerate(RECOMPUTE_MODULES)
-                        if mask >> i & 1))
-  return tuple(out)
-
-
-#: Every non-empty set of modules as its canonical label (names in
-#: :data:`RECOMPUTE_MODULES` order, comma-joined); code c is the bit mask
-#: c + 1 (bit i: module i).
-RECOMPUTE_MODULE_SETS = _module_sets()
-_CORE_ATTN_ONLY = RECOMPUTE_MODULE_SETS.index('core_attn')
 
 
 def recompute_modules_label(value, source='<execution>',
@@ -99,17 +61,7 @@ def json_value(name, value):
   """An optional field's value as JSON writes it: ``recompute_modules``'
   canonical label as its list of names, every other value as is."""
   return value.split(',') if name == 'recompute_modules' else value
-DISPATCHER_NAMES = ('alltoall', 'allgather', 'deepep')
-MOE_OVERLAP_NAMES = ('none', 'shared_experts', 'compute')
-#: Where full recomputation's block-input checkpoints live: ``whole`` (every
-#: TP rank stores the whole input: Calculon) or ``as_input`` (as the rank
-#: holds the input: sequence-sharded, 1/TP, with sequence parallelism).
-CHECKPOINT_LAYOUT_NAMES = ('whole', 'as_input')
-#: The optimizer step's memory traffic: ``state_once`` (Calculon: the
-#: master weights and Adam moments moved once) or ``fused_adam`` (every
-#: pass a framework's mixed-precision Adam step makes; see
-#: :meth:`calculon.llm.layers.Layer.optimizer_traffic_bytes`).
-OPTIMIZER_TRAFFIC_NAMES = ('state_once', 'fused_adam')
+
 
 # Codes used by the engine.
 RECOMPUTE_NONE, RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_SELECTIVE = \
@@ -131,91 +83,28 @@ OPTIMIZER_TRAFFIC_STATE, OPTIMIZER_TRAFFIC_FUSED_ADAM = 0, 1
 #: as the application's kv_heads say; ``gradient_datatype``: Calculon's).
 UNSET = -1
 
-_INT1 = Spec('int', lo=1)
-_INT0 = Spec('int', lo=0)
-_BOOL = Spec('bool')
-
-#: JSON field -> (spec, categorical names or None), in the reference's order.
-FIELD_SPECS = {
-  'num_procs': (_INT1, None),
-  'tensor_par': (_INT1, None),
-  'pipeline_par': (_INT1, None),
-  'data_par': (_INT1, None),
-  'tensor_par_net': (_INT0, None),
-  'pipeline_par_net': (_INT0, None),
-  'data_par_net': (_INT0, None),
-  'batch_size': (_INT1, None),
-  'microbatch_size': (_INT1, None),
-  'datatype': (Spec('str', choices=DATATYPE_NAMES), DATATYPE_NAMES),
-  'fused_activation': (_BOOL, None),
-  'attention_type': (Spec('str', choices=ATTENTION_NAMES), ATTENTION_NAMES),
-  'activation_recompute': (Spec('str', choices=RECOMPUTE_NAMES),
-                           RECOMPUTE_NAMES),
-  'pipeline_interleaving': (_INT1, None),
-  'optimizer_sharding': (_BOOL, None),
-  'tensor_par_comm_type': (Spec('str', choices=TP_COMM_NAMES), TP_COMM_NAMES),
-  'tensor_par_overlap': (Spec('str', choices=TP_OVERLAP_NAMES),
-                         TP_OVERLAP_NAMES),
-  'seq_par_ag_redo': (_BOOL, None),
-  'data_par_overlap': (_BOOL, None),
-  'weight_offload': (_BOOL, None),
-  'activations_offload': (_BOOL, None),
-  'optimizer_offload': (_BOOL, None),
-  'training': (_BOOL, None),
-}
+#: JSON field -> (spec, categorical names or None), in the reference's
+#: order: Calculon's 23 fields (:mod:`calculon.config.registry`).
+FIELD_SPECS = {f.name: (f.spec, f.names)
+               for f in _registry.EXECUTION if f.calculon}
 FIELDS = tuple(FIELD_SPECS)
 
-#: Fields beyond Calculon's: JSON field -> (spec, categorical names or None,
-#: the value meaning "absent").  Absent, each means exactly what Calculon
-#: means.  ``data_par_sharding`` absent follows ``optimizer_sharding``
-#: (see :func:`sharding_code`); ``gradient_datatype`` absent keeps
-#: Calculon's gradients (in ``datatype``, with an fp32 accumulation buffer
-#: for the block being computed).
-OPTIONAL_SPECS = {
-  'context_par': (_INT1, None, 1),
-  'context_par_net': (_INT0, None, 0),
-  'data_par_sharding': (Spec('str', choices=SHARDING_NAMES), SHARDING_NAMES,
-                        None),
-  'attention_kernel': (Spec('str', choices=ATTENTION_KERNEL_NAMES),
-                       ATTENTION_KERNEL_NAMES, 'standard'),
-  'precision_recipe': (Spec('str', choices=PRECISION_RECIPE_NAMES),
-                       PRECISION_RECIPE_NAMES, 'uniform'),
-  'gradient_datatype': (Spec('str', choices=('float32', 'bfloat16',
-                                             'float16')), DATATYPE_NAMES,
-                        None),
-  'expert_par': (_INT1, None, 1),
-  'expert_par_net': (_INT0, None, 0),
-  'expert_tensor_par': (_INT1, None, 1),
-  'moe_dispatcher': (Spec('str', choices=DISPATCHER_NAMES), DISPATCHER_NAMES,
-                     'alltoall'),
-  'moe_comm_overlap': (Spec('str', choices=MOE_OVERLAP_NAMES),
-                       MOE_OVERLAP_NAMES, 'none'),
-  'expert_imbalance': (Spec('number', lo=1), None, 1.0),
-  'checkpoint_layout': (Spec('str', choices=CHECKPOINT_LAYOUT_NAMES),
-                        CHECKPOINT_LAYOUT_NAMES, 'whole'),
-  'param_gather_overlap': (_BOOL, None, False),
-  'tensor_par_async_backward': (_BOOL, None, False),
-  'tensor_par_overlap_rs_dgrad': (_BOOL, None, True),
-  'tensor_par_narrow_all_gather': (_BOOL, None, False),
-  'narrow_param_gather': (_BOOL, None, False),
-  'pipeline_split_counts_vocab': (_BOOL, None, False),
-  'quantization_scaling': (Spec('str', choices=SCALING_NAMES), SCALING_NAMES,
-                           'delayed'),
-  'recompute_modules': (Spec('list'), RECOMPUTE_MODULE_SETS, 'core_attn'),
-  'fsdp_buffer_copies': (_BOOL, None, False),
-  'cross_entropy_kernel': (Spec('str', choices=CROSS_ENTROPY_NAMES),
-                           CROSS_ENTROPY_NAMES, 'fused'),
-  'moe_probs_in_activation': (_BOOL, None, False),
-  'wide_saved_inputs': (_BOOL, None, False),
-  'pipeline_par_overlap': (_BOOL, None, False),
-  'fused_dropout_add': (_BOOL, None, False),
-  'optimizer_traffic': (Spec('str', choices=OPTIMIZER_TRAFFIC_NAMES),
-                        OPTIMIZER_TRAFFIC_NAMES, 'state_once'),
-}
+#: Fields beyond Calculon's that the engine reads: JSON field -> (spec,
+#: categorical names or None, the value meaning "absent"), from the
+#: registry.  Absent, each means exactly what Calculon means.
+#: ``data_par_sharding`` absent follows ``optimizer_sharding`` (see
+#: :func:`sharding_code`); ``gradient_datatype`` absent keeps Calculon's
+#: gradients (in ``datatype``, with an fp32 accumulation buffer for the
+#: block being computed).  ``framework`` is not an engine column: it is
+#: resolved before (:mod:`calculon.frameworks`).
+OPTIONAL_SPECS = {f.name: (f.spec, f.names, f.absent)
+                  for f in _registry.EXECUTION
+                  if not f.calculon and f.name != 'framework'}
 #: Calculon fields that new-style executions may leave out, with what their
 #: absence means (attention_type: as the application's kv_heads say;
 #: optimizer_sharding: as data_par_sharding says).
 RELAXED = ('attention_type', 'optimizer_sharding')
+_FRAMEWORK_SPEC = _registry.field('execution', 'framework').spec
 ALL_FIELDS = FIELDS + tuple(OPTIONAL_SPECS)
 
 
@@ -235,217 +124,23 @@ def sharding_code(optimizer_sharding, data_par_sharding):
                   data_par_sharding)
 
 
-@frozen_record
 class Execution:
   """One execution strategy, as in Calculon's execution JSON.
 
-  Fields (units): num_procs, tensor_par (TP), pipeline_par (PP), data_par (DP)
-  (processors); tensor_par_net, pipeline_par_net, data_par_net (index of the
-  system's network tier used by each parallelism); batch_size (global batch,
-  samples); microbatch_size (samples); datatype; fused_activation;
-  attention_type; activation_recompute; pipeline_interleaving (model chunks
-  per processor); optimizer_sharding (sharding over DP, see
-  :func:`sharding_code`); tensor_par_comm_type ('ar' all-reduce, 'rs_ag'
-  reduce-scatter/all-gather, i.e. sequence parallelism, 'p2p_rs_ag' RS/AG
-  only at pipeline edges); tensor_par_overlap ('none', 'ring', 'pipe');
-  seq_par_ag_redo; data_par_overlap; weight_offload, activations_offload,
-  optimizer_offload (to memory tier 2); training (False: inference, forward
-  pass only).
+  Every field, its values, what its absence means and its source are in the
+  field registry (:data:`calculon.config.registry.EXECUTION`, listed in
+  docs/reference/executions.md): Calculon's 23 fields (``attention_type``
+  and ``optimizer_sharding`` may be left out when the application's
+  ``kv_heads`` / ``data_par_sharding`` say), then the optional ones, whose
+  absence means exactly what Calculon means.
 
-  Optional fields (:data:`OPTIONAL_SPECS`; absent, they mean Calculon):
-  context_par (CP, processors; num_procs = TP x PP x DP x CP) and
-  context_par_net; data_par_sharding ('none', 'optimizer' = ZeRO-1 /
-  Megatron distributed optimizer, 'gradients' = ZeRO-2, 'parameters' =
-  ZeRO-3 / FSDP; over DP x CP); attention_kernel ('standard' keeps the
-  s x s scores, 'flash' is FlashAttention-2); precision_recipe ('uniform':
-  everything in ``datatype``, Calculon; 'transformer_engine': only the
-  linear layers' GEMMs in the narrow ``datatype``, the rest in bfloat16);
-  gradient_datatype (precision of the gradients kept and reduced; absent:
-  Calculon's); Mixture-of-Experts: expert_par (EP, experts split over EP
-  ranks folded into TP x DP x CP, Megatron-Core "MoE parallel folding"),
-  expert_par_net (its tier), expert_tensor_par (ETP: TP inside an expert;
-  absent 1, Megatron-Core's default), moe_dispatcher ('alltoall',
-  'allgather', or 'deepep': all-to-all sending each token once per
-  destination node across nodes and forwarding it over the node's fast
-  tier, DeepEP / Megatron-Core's flex dispatcher), moe_comm_overlap
-  ('none', 'shared_experts': the dispatch and combine hide behind the
-  shared experts, Megatron-Core --moe-shared-expert-overlap; 'compute':
-  behind the rest of the block's compute, as with Megatron-Core
-  --overlap-moe-expert-parallel-comm or
-  DeepSeek-V3's DualPipe), expert_imbalance (tokens of the busiest expert
-  over the average, >= 1: the step waits for the slowest rank),
-  checkpoint_layout (``whole``: with full recomputation every TP rank
-  stores each block's whole input, as Calculon does; ``as_input``: the
-  checkpoint is the input as the rank holds it, sequence-sharded (1/TP)
-  with sequence parallelism -- Megatron-LM checkpoints the block input,
-  which sequence parallelism scatters along the sequence, Korthikanti et
-  al. 2022 section 4.2.2; the same as ``whole`` without it),
-  param_gather_overlap (with DP overlap and a sharded optimizer, the
-  all-gather of the updated weights hides behind the next step's forward
-  pass, as Megatron-Core's distributed optimizer does with
-  --overlap-param-gather; absent: false, Calculon's model, where it
-  overlaps the backward pass with the reduce-scatter),
-  tensor_par_async_backward (with TP > 1 and tensor_par_overlap 'none':
-  the input-gradient all-reduce, or reduce-scatter with sequence
-  parallelism, of each column-parallel linear layer runs behind its
-  weight-gradient GEMM, and sequence parallelism's redone all-gather of
-  its input behind its input-gradient GEMM, as Megatron-LM's
-  LinearWithGradAccumulationAndAsyncCommunication and Transformer
-  Engine's Linear do; absent: false, Calculon's model, all exposed),
-  tensor_par_overlap_rs_dgrad (with tensor_par_overlap 'ring' or 'pipe':
-  the reduce-scatter, or all-reduce, of each column-parallel layer's input
-  gradient is tiled and overlapped with its input-gradient GEMM like every
-  other TP transfer of the layer; false: it runs whole after that GEMM,
-  exposed, as PyTorch's micro-pipeline TP leaves a reduce-scatter whose
-  input sums several GEMMs' outputs (separate Q, K, V or gate and up
-  projections); absent: true, Calculon's model),
-  tensor_par_narrow_all_gather (with the transformer_engine recipe and
-  sequence parallelism: the TP all-gathers that feed a narrow GEMM -- the
-  block input before the column-parallel layers, forward and recomputed,
-  and the output gradient before the row-parallel layers' backward GEMMs
-  -- carry the narrow datatype's bytes, cast on each rank's shard before
-  the gather, as torchao's float8 tensor-parallel styles do
-  (PrepareFloat8ModuleInput, Float8ColwiseParallel, Float8RowwiseParallel);
-  reduce-scatters and all-reduces stay 16-bit; absent: false, every TP
-  transfer 16-bit),
-  narrow_param_gather (with the transformer_engine recipe and a sharded
-  optimizer: the updated weights of the linear layers are all-gathered in
-  the narrow datatype, Megatron-Core's --fp8-param-gather, which keeps
-  them as FP8 tensors; absent: false, in 16-bit, TE casting its narrow
-  copy after the gather; the bytes kept in memory are unchanged, an upper
-  bound),
-  pipeline_split_counts_vocab (with PP > 1: the pipeline split counts the
-  embedding and the LM head with the loss as one block each, so the first
-  and the last stage hold one block less, as Megatron-Core's
-  --account-for-embedding-in-pipeline-split and
-  --account-for-loss-in-pipeline-split do; absent: false, every stage
-  holds its share of the blocks and the ends carry the embedding and the
-  head on top),
-  quantization_scaling (with the Transformer Engine recipe, how the casts
-  to the narrow datatype find their scales: 'delayed' from the amax
-  history of earlier steps, Transformer Engine's DelayedScaling; 'current'
-  from an amax pass over the tensor before the cast, Transformer Engine's
-  Float8CurrentScaling and torchao's dynamic tensorwise float8; 'block'
-  one scale per 32 (MXFP8) or 16 (NVFP4) elements found in the cast
-  kernel; absent: 'delayed'), recompute_modules (with
-  activation_recompute 'selective', what is recomputed, as Megatron-Core's
-  --recompute-modules: a list among 'core_attn' (the attention core,
-  Korthikanti et al.'s selective recomputation; absent: this alone),
-  'layernorm' (the two norms; their outputs are not kept), 'mla_up_proj'
-  (MLA's up projections and RoPE; the attention inputs are not kept),
-  'mlp' (the dense MLP from its input), 'moe' (the MoE layer from its
-  input, its all-to-alls too), 'moe_act' (the experts' activation; its
-  output is not kept), 'shared_experts', and 'alternate_linears'
-  (PyTorch's per-op selective activation checkpointing as torchtitan
-  applies it: the second, fourth and sixth linear layers of a dense block
-  in forward order -- K, the output projection, the MLP's up half -- and
-  every element-wise layer (norms, RoPE, the activation, the first
-  residual) recomputed; attention and the other linears' outputs kept)),
-  fsdp_buffer_copies (with
-  data_par_sharding 'parameters': FSDP copies each gathered block's
-  weights out of the all-gather buffer, twice per microbatch, and its
-  gradients into the reduce-scatter buffer, on the compute stream, as
-  PyTorch FSDP2's per-parameter sharding does; absent: false, flat
-  buffers gathered and reduced in place, as Megatron-FSDP and ZeRO-3's
-  contiguous buffers), cross_entropy_kernel (the loss over the
-  vocabulary: 'fused', one kernel reading the 16-bit logits and writing
-  their gradient, as Transformer Engine's and Megatron-Core's
-  --cross-entropy-loss-fusion; 'unfused', the logits cast to float32 and
-  the softmax cross-entropy taken by separate element-wise kernels, as
-  Megatron-LM's vocab_parallel_cross_entropy without that flag and
-  PyTorch's cross_entropy on float32 logits; absent: 'fused'),
-  moe_probs_in_activation (Mixture-of-Experts: the router probabilities
-  scale the experts' activation, before their second GEMM, so the combine
-  is a plain sum that keeps nothing for the backward pass, as
-  Megatron-Core since April 2025 (commit 2659630721, "Memory efficient
-  token permutation": ``activation_func_with_probs``); absent: false, the
-  combine scales the expert outputs and keeps them for the probabilities'
-  gradient, as Megatron-Core's ``moe_utils.unpermute`` did before and
-  GShard's combine; ignored without experts), wide_saved_inputs (only
-  with precision_recipe 'transformer_engine': the linear layers keep
-  their 16-bit input for the backward pass and cast it again there, as
-  torchao's Float8Linear does (``matmul_with_hp_or_float8_args`` saves
-  ``input_hp``, since pytorch/ao e76db70ec, October 2024); absent: false,
-  the narrow input is kept, as Transformer Engine does),
-  pipeline_par_overlap (with PP > 1 and the interleaved schedule, VP > 1:
-  the point-to-point transfers of the 1F1B steady state run behind the
-  compute of the other chunk of the step, those of the warm-up and the
-  flush blocking, as Megatron-Core's --overlap-p2p-communication does
-  (the default of Megatron-LM since commit 4eeff55d1f, October 2023;
-  NeMo 2 and Megatron-Bridge turn it on with VP > 1); it does nothing
-  without interleaving, which Megatron-LM runs without it; absent: false,
-  Calculon's model, every transfer exposed), fused_dropout_add (with the
-  application's dropout: the dropout of the attention and MLP outputs
-  runs inside the residual addition's kernel, Megatron-LM's
-  bias_dropout_add_fused_train, on by default since commit 9acc895632,
-  January 2021: its forward pass moves only the mask; absent: false,
-  Calculon's separate kernel), optimizer_traffic (the memory traffic of
-  the optimizer step: 'state_once', Calculon's, the fp32 master weights
-  and the two Adam moments moved once, 12 bytes per parameter of the
-  shard; 'fused_adam', every pass a framework's mixed-precision Adam step
-  makes over its shard: the gradient norm for clipping, the fused Adam
-  kernel reading the gradient, master weight and moments and writing the
-  last three, the copy of the master weights into the 16-bit weights,
-  and with float16 the loss-scale unscaling, 38 bytes per parameter with
-  bfloat16 and 46 with float16, as Megatron-LM's mixed-precision
-  optimizer, apex's FusedAdam and PyTorch's fused AdamW do (see
-  :meth:`calculon.llm.layers.Layer.optimizer_traffic_bytes`); absent:
-  'state_once').
-  ``attention_type`` and ``optimizer_sharding`` may be left
-  out when the application's ``kv_heads`` / ``data_par_sharding`` say.
+  ``framework`` names the framework preset (``frameworks/NAME.json``) whose
+  behaviours fill the fields the execution leaves out; ``written`` holds
+  the names of the fields the JSON gave (they win over the preset).  The
+  preset is applied where the execution meets its application
+  (:func:`calculon.frameworks.resolve_execution`); until then the fields
+  left out hold their "absent" value.
   """
-  num_procs: int
-  tensor_par: int
-  pipeline_par: int
-  data_par: int
-  tensor_par_net: int
-  pipeline_par_net: int
-  data_par_net: int
-  batch_size: int
-  microbatch_size: int
-  datatype: str
-  fused_activation: bool
-  attention_type: object
-  activation_recompute: str
-  pipeline_interleaving: int
-  optimizer_sharding: object
-  tensor_par_comm_type: str
-  tensor_par_overlap: str
-  seq_par_ag_redo: bool
-  data_par_overlap: bool
-  weight_offload: bool
-  activations_offload: bool
-  optimizer_offload: bool
-  training: bool
-  context_par: int = 1
-  context_par_net: int = 0
-  data_par_sharding: object = None
-  attention_kernel: str = 'standard'
-  precision_recipe: str = 'uniform'
-  gradient_datatype: object = None
-  expert_par: int = 1
-  expert_par_net: int = 0
-  expert_tensor_par: int = 1
-  moe_dispatcher: str = 'alltoall'
-  moe_comm_overlap: str = 'none'
-  expert_imbalance: float = 1.0
-  checkpoint_layout: str = 'whole'
-  param_gather_overlap: bool = False
-  tensor_par_async_backward: bool = False
-  tensor_par_overlap_rs_dgrad: bool = True
-  tensor_par_narrow_all_gather: bool = False
-  narrow_param_gather: bool = False
-  pipeline_split_counts_vocab: bool = False
-  quantization_scaling: str = 'delayed'
-  recompute_modules: object = 'core_attn'
-  fsdp_buffer_copies: bool = False
-  cross_entropy_kernel: str = 'fused'
-  moe_probs_in_activation: bool = False
-  wide_saved_inputs: bool = False
-  pipeline_par_overlap: bool = False
-  fused_dropout_add: bool = False
-  optimizer_traffic: str = 'state_once'
-
   @classmethod
   def from_dict(cls, cfg, source='<execution>'):
     """Reads and validates one execution.
@@ -465,14 +160,29 @@ class Execution:
       values[name] = reader.get(name, spec) if name in cfg else default
     values['recompute_modules'] = recompute_modules_label(
       values['recompute_modules'], source)
+    if 'framework' in cfg:
+      values['framework'] = reader.get('framework', _FRAMEWORK_SPEC)
     reader.meta()
     reader.finish()
+    values['written'] = frozenset(
+      k for k in cfg if k in FIELD_SPECS or k in OPTIONAL_SPECS)
     if values['optimizer_sharding'] is None and \
         values['data_par_sharding'] is None:
       reader.get('optimizer_sharding', FIELD_SPECS['optimizer_sharding'][0])
     exe = cls(**values)
     check_rules(ExecutionColumns.from_records([values]), source)
     return exe
+
+  def written_dict(self):
+    """The JSON object of the fields this execution was given (and its
+    ``framework``), without what a preset filled in."""
+    out = {k: v for k, v in self.to_dict().items() if k in self.written}
+    for name in FIELDS:
+      if name in self.written:
+        out[name] = getattr(self, name)
+    if self.framework is not None:
+      out['framework'] = self.framework
+    return out
 
   def to_dict(self):
     """The JSON object of this execution: Calculon's 23 fields (those left
@@ -486,6 +196,8 @@ class Execution:
       value = getattr(self, name)
       if value != default:
         out[name] = json_value(name, value)
+    if self.framework is not None:
+      out['framework'] = self.framework
     return out
 
   @property
@@ -497,6 +209,29 @@ class Execution:
   def num_microbatches(self):
     """Microbatches per replica per batch."""
     return self.local_batch_size // self.microbatch_size
+
+
+def _with_fields(cls):
+  """``cls`` as a frozen record whose fields are the registry's execution
+  fields (:data:`calculon.config.registry.EXECUTION`): Calculon's 23
+  required, the others defaulting to their absent value; then
+  ``written``."""
+  kinds = {'int': int, 'bool': bool, 'str': str, 'number': float}
+  notes = {}
+  for f in _registry.EXECUTION:
+    if f.required:
+      notes[f.name] = kinds.get(f.spec.kind, object)
+    else:
+      notes[f.name] = object
+      setattr(cls, f.name, f.absent)
+  notes['written'] = frozenset
+  cls.written = dataclasses.field(default=frozenset(), compare=False,
+                                  repr=False)
+  cls.__annotations__ = notes
+  return frozen_record(cls)
+
+
+Execution = _with_fields(Execution)
 
 
 def _resolve_sharding_flag(record):
@@ -751,30 +486,38 @@ def _v(c, name, i):
   return value
 
 
-def _only_with(field, names, default, other, other_names, needed, why,
-               label=None):
-  """A :class:`Rule`: ``field`` other than its ``default`` code is allowed
-  only where ``other`` has the code ``needed``; ``label`` shows a value's
-  name (default: as is)."""
+def _requires_rule(f):
+  """A :class:`Rule` from a registry field's ``requires`` (other field,
+  values, why): a value other than the absent one only where the other
+  field takes one of the values."""
+  other, values, why = f.requires
+  other_f = _registry.field('execution', other)
+  codes = [other_f.names.index(v) for v in values]
+  absent = f.absent if f.names is None else (
+    RECOMPUTE_MODULE_SETS.index(f.absent) if f.name == 'recompute_modules'
+    else f.names.index(f.absent))
+
+  def column(c, name):
+    return c.sharding if name == 'data_par_sharding' else getattr(c, name)
+
   def bad(c):
-    return (getattr(c, field) != default) & (getattr(c, other) != needed)
+    return (np.asarray(getattr(c, f.name)) != absent) & ~np.isin(
+      column(c, other), codes)
+
+  def label(name, code):
+    g = _registry.field('execution', name)
+    if g.names is None:
+      return code
+    value = g.names[code]
+    return value.split(',') if name == 'recompute_modules' else value
 
   def message(c, i):
-    value = names[_v(c, field, i)]
-    value = label(value) if label else value
-    return (f'= {show(value)} is not allowed with {other} = '
-            f'{show(other_names[_v(c, other, i)])}: {why}')
-  return Rule(field, bad, message)
-
-
-def _te_only(field, what):
-  """A :class:`Rule`: boolean ``field`` true only with the
-  transformer_engine recipe (the only one with ``what`` to gather)."""
-  return Rule(field,
-              lambda c: np.asarray(getattr(c, field), dtype=bool) & (
-                c.precision_recipe != RECIPE_TE),
-              lambda c, i: '= true is not allowed: only the '
-              f'"transformer_engine" precision recipe has {what} to gather')
+    code = np.broadcast_to(column(c, other), c.shape)[i]
+    need = ' or '.join(show(v) for v in values)
+    return (f'= {show(label(f.name, _v(c, f.name, i)))} is not allowed '
+            f'with {other} = {show(label(other, int(code)))}: it needs '
+            f'{other} = {need} ({why})')
+  return Rule(f.name, bad, message)
 
 
 def _procs_message(c, i):
@@ -850,29 +593,7 @@ RULES = (
        lambda c, i: f"= {show(TP_OVERLAP_NAMES[_v(c, 'tensor_par_overlap', i)])}"
        ' is not allowed: TP communication overlap needs tensor_par > 1; use '
        '"none"'),
-  _only_with('quantization_scaling', SCALING_NAMES, SCALING_DELAYED,
-             'precision_recipe', PRECISION_RECIPE_NAMES, RECIPE_TE,
-             'the casts it scales exist only with "transformer_engine"'),
-  _only_with('recompute_modules', RECOMPUTE_MODULE_SETS, _CORE_ATTN_ONLY,
-             'activation_recompute', RECOMPUTE_NAMES, RECOMPUTE_SELECTIVE,
-             'modules are chosen only with "selective"',
-             label=lambda label: label.split(',')),
-  Rule('tensor_par_overlap_rs_dgrad',
-       lambda c: ~np.asarray(c.tensor_par_overlap_rs_dgrad, dtype=bool) & (
-         c.tensor_par_overlap == TP_OVERLAP_NONE),
-       lambda c, i: '= false is not allowed: it qualifies a tiled TP '
-       'overlap, which needs tensor_par_overlap = "ring" or "pipe"'),
-  _te_only('tensor_par_narrow_all_gather', 'narrow GEMM inputs'),
-  Rule('wide_saved_inputs',
-       lambda c: np.asarray(c.wide_saved_inputs, dtype=bool) & (
-         c.precision_recipe != RECIPE_TE),
-       lambda c, i: '= true is not allowed: only the "transformer_engine" '
-       'precision recipe keeps narrow linear inputs to widen'),
-  _te_only('narrow_param_gather', 'narrow weights'),
-  Rule('fsdp_buffer_copies',
-       lambda c: c.fsdp_buffer_copies & (c.sharding != SHARD_PARAMETERS),
-       lambda c, i: '= true is not allowed: the copies are FSDP\'s, which '
-       'needs data_par_sharding = "parameters"'),
+  *(_requires_rule(f) for f in _registry.EXECUTION if f.requires),
   Rule('seq_par_ag_redo',
        lambda c: c.seq_par_ag_redo & (c.tensor_par_comm_type != TP_COMM_RS_AG),
        lambda c, i: '= true is not allowed: redoing the all-gather needs '

@@ -1,0 +1,651 @@
+"""The field registry: every application, execution and system field, once.
+
+Provides :data:`FIELDS` (name -> :class:`Field`, per kind), the categorical
+value names the engine codes (``*_NAMES``), and helpers that the rest of the
+project derives its tables from:
+
+* validation: :mod:`calculon.config.execution` builds its field specs
+  (Calculon's 23 and the optional ones) from here, and
+  :mod:`calculon.config.application` its optional fields;
+* framework presets (:mod:`calculon.frameworks`) may set only the
+  execution fields marked ``behaviour`` or offer the ``option`` ones;
+* the reference pages ``docs/reference/{applications,executions,
+  systems}.md`` are generated from here (``python -m calculon.docs``);
+* the report's listing of a run's fields, the published suite's field lists
+  and the conventions' checks read it.
+
+A new behaviour of a framework is one :class:`Field` here (``behaviour=
+True``), its physics term in :mod:`calculon.llm.terms`, and its value in the
+presets of ``frameworks/``.
+
+Reads nothing of the project but :mod:`calculon.config._schema` (the
+``Spec`` of a value).
+"""
+
+from calculon.config._schema import Spec
+
+# -- categorical values (the engine works on their integer codes) -------------
+
+#: Bytes per element of each supported datatype.  ``float4`` is the
+#: Blackwell block-scaled 4-bit format (NVFP4 / MXFP4: 4-bit elements; the
+#: per-block scales are not counted); MXFP8 is priced as ``float8``.
+DATATYPE_BYTES = {'float8': 1, 'float16': 2, 'float32': 4, 'bfloat16': 2,
+                  'float4': 0.5}
+DATATYPE_NAMES = tuple(DATATYPE_BYTES)
+#: Datatypes narrower than 16 bits (Transformer Engine runs only the linear
+#: layers' GEMMs in them, see ``precision_recipe``).
+NARROW_DATATYPES = ('float8', 'float4')
+ATTENTION_NAMES = ('multihead', 'multiquery', 'grouped')
+RECOMPUTE_NAMES = ('none', 'attn_only', 'full', 'selective')
+TP_COMM_NAMES = ('ar', 'p2p_rs_ag', 'rs_ag')
+TP_OVERLAP_NAMES = ('none', 'ring', 'pipe')
+SHARDING_NAMES = ('none', 'optimizer', 'gradients', 'parameters')
+ATTENTION_KERNEL_NAMES = ('standard', 'flash')
+PRECISION_RECIPE_NAMES = ('uniform', 'transformer_engine')
+SCALING_NAMES = ('delayed', 'current', 'block')
+CROSS_ENTROPY_NAMES = ('fused', 'unfused')
+DISPATCHER_NAMES = ('alltoall', 'allgather', 'deepep')
+MOE_OVERLAP_NAMES = ('none', 'shared_experts', 'compute')
+CHECKPOINT_LAYOUT_NAMES = ('whole', 'as_input')
+OPTIMIZER_TRAFFIC_NAMES = ('state_once', 'fused_adam')
+GRADIENT_DATATYPE_NAMES = ('float32', 'bfloat16', 'float16')
+#: Megatron-Core's selective-recomputation modules (--recompute-modules;
+#: megatron/core/transformer/transformer_config.py ``recompute_modules``),
+#: then PyTorch's per-op selective checkpointing as torchtitan sets it
+#: ('alternate_linears'; torchtitan models/llama3/infra/parallelize.py,
+#: _apply_ac_to_transformer_block, selective_ac_option 'op').  New names go
+#: last: a set's code is its bit mask - 1.
+RECOMPUTE_MODULES = ('core_attn', 'layernorm', 'mla_up_proj', 'mlp', 'moe',
+                     'moe_act', 'shared_experts', 'alternate_linears')
+
+
+def _module_sets():
+  out = []
+  for mask in range(1, 1 << len(RECOMPUTE_MODULES)):
+    out.append(','.join(m for i, m in enumerate(RECOMPUTE_MODULES)
+                        if mask >> i & 1))
+  return tuple(out)
+
+
+#: Every non-empty set of modules as its canonical label (names in
+#: :data:`RECOMPUTE_MODULES` order, comma-joined); code c is the bit mask
+#: c + 1 (bit i: module i).
+RECOMPUTE_MODULE_SETS = _module_sets()
+
+#: Application values.
+MLP_NAMES = ('plain', 'gated')
+NORM_NAMES = ('layernorm', 'rmsnorm')
+BIAS_NAMES = ('all', 'qkv', 'none')
+POSITION_NAMES = ('learned', 'rope')
+LAYOUT_NAMES = ('sequential', 'parallel')
+
+#: Groups of fields, in the order the reference pages list them.
+GROUPS = {
+  'execution': ('parallelism', 'batch', 'schedule', 'memory', 'sharding',
+                'communication', 'precision', 'kernels', 'moe', 'framework'),
+  'application': ('shape', 'block', 'vocabulary', 'moe', 'mla',
+                  'attention'),
+  'system': ('processor', 'memory', 'network', 'overhead', 'kernels'),
+}
+
+#: The value of a field that Calculon requires (no "absent" meaning).
+REQUIRED = object()
+
+
+class Field:
+  """One field of an application, execution or system file.
+
+  Attributes:
+    name: JSON key (system sub-fields as a dotted path, e.g.
+      ``networks[].rails``).
+    kind: 'application', 'execution' or 'system'.
+    spec: :class:`~calculon.config._schema.Spec` of the JSON value.
+    names: categorical value names whose index is the engine's integer
+      code (execution fields), or None.
+    absent: the value that leaving the field out means, or
+      :data:`REQUIRED`.
+    absent_doc: what leaving it out means, in words.
+    group: one of :data:`GROUPS` [kind].
+    doc: one line: what it is.
+    source: where its meaning comes from (paper section, framework file
+      and commit), '' for plain quantities.
+    calculon: one of Calculon's own fields.
+    behaviour: (execution) what a framework does, not a choice a user
+      makes: framework presets set it (``frameworks/``).
+    unit: unit of a number ('' otherwise).
+    requires: (field, values, why): a value other than the absent one is
+      allowed only where execution field ``field`` takes one of ``values``
+      (the rule :mod:`calculon.config.execution` checks), or None.
+  """
+
+  __slots__ = ('name', 'kind', 'spec', 'names', 'absent', 'absent_doc',
+               'group', 'doc', 'source', 'calculon', 'behaviour', 'unit',
+               'requires')
+
+  def __init__(self, name, kind, spec, group, doc, *, names=None,
+               absent=REQUIRED, absent_doc='', source='', calculon=False,
+               behaviour=False, unit='', requires=None):
+    self.name, self.kind, self.spec = name, kind, spec
+    self.names, self.absent, self.absent_doc = names, absent, absent_doc
+    self.group, self.doc, self.source = group, doc, source
+    self.calculon, self.behaviour, self.unit = calculon, behaviour, unit
+    self.requires = requires
+
+  @property
+  def required(self):
+    """True for a field that must be given."""
+    return self.absent is REQUIRED
+
+  def allowed(self):
+    """Human text of the values allowed (the spec's)."""
+    if self.name == 'recompute_modules':
+      return ('a non-empty list of distinct names among ' +
+              ', '.join(RECOMPUTE_MODULES))
+    return self.spec.describe()
+
+  def __repr__(self):
+    return f'Field({self.kind}.{self.name})'
+
+
+_INT1 = Spec('int', lo=1)
+_INT0 = Spec('int', lo=0)
+_BOOL = Spec('bool')
+
+
+def _choice(names):
+  return Spec('str', choices=names)
+
+
+def _ex(name, spec, group, doc, **kw):
+  return Field(name, 'execution', spec, group, doc, **kw)
+
+
+def _calc(name, spec, group, doc, **kw):
+  return Field(name, 'execution', spec, group, doc, calculon=True, **kw)
+
+
+def _beh(name, spec, group, doc, **kw):
+  return Field(name, 'execution', spec, group, doc, behaviour=True, **kw)
+
+
+_TIER = 'index of the system network tier it uses'
+
+#: Execution fields: Calculon's 23 in the reference's order, then the
+#: optional ones (absent, each means exactly what Calculon means).
+EXECUTION = (
+  _calc('num_procs', _INT1, 'parallelism',
+        'processors; TP x PP x DP x CP', unit='processors'),
+  _calc('tensor_par', _INT1, 'parallelism', 'tensor parallelism (TP)',
+        source='Shoeybi et al. 2019, Megatron-LM, section 3'),
+  _calc('pipeline_par', _INT1, 'parallelism', 'pipeline parallelism (PP)',
+        source='Narayanan et al. SC21, section 2.2'),
+  _calc('data_par', _INT1, 'parallelism', 'data parallelism (DP)'),
+  _calc('tensor_par_net', _INT0, 'parallelism', f'TP: {_TIER}'),
+  _calc('pipeline_par_net', _INT0, 'parallelism', f'PP: {_TIER}'),
+  _calc('data_par_net', _INT0, 'parallelism', f'DP: {_TIER}'),
+  _calc('batch_size', _INT1, 'batch',
+        'global batch; a multiple of data_par', unit='samples'),
+  _calc('microbatch_size', _INT1, 'batch',
+        'microbatch; divides batch_size / data_par', unit='samples'),
+  _calc('datatype', _choice(DATATYPE_NAMES), 'precision',
+        'element datatype of weights, activations and GEMMs',
+        names=DATATYPE_NAMES),
+  _calc('fused_activation', _BOOL, 'kernels',
+        'the MLP activation fused into its GEMM (keeps no activation)'),
+  _calc('attention_type', _choice(ATTENTION_NAMES), 'kernels',
+        'multihead, multiquery or grouped-query attention',
+        names=ATTENTION_NAMES, absent=None,
+        absent_doc="as the application's kv_heads say (when it has them)"),
+  _calc('activation_recompute', _choice(RECOMPUTE_NAMES), 'memory',
+        'activation recomputation in the backward pass (training only)',
+        names=RECOMPUTE_NAMES,
+        source='Chen et al. 2016 (full); Korthikanti et al. 2022, section '
+        '5 (selective)'),
+  _calc('pipeline_interleaving', _INT1, 'schedule',
+        'model chunks per processor (the interleaved 1F1B schedule); 1 '
+        'with PP = 1', source='Narayanan et al. SC21, section 2.2.2'),
+  _calc('optimizer_sharding', _BOOL, 'sharding',
+        "shard over DP (Calculon's flag: the level 'gradients', see "
+        'data_par_sharding)', absent=None,
+        absent_doc='as data_par_sharding says'),
+  _calc('tensor_par_comm_type', _choice(TP_COMM_NAMES), 'communication',
+        "TP communication: 'ar' all-reduce, 'rs_ag' sequence parallelism, "
+        "'p2p_rs_ag' RS/AG only at pipeline edges", names=TP_COMM_NAMES,
+        source='Korthikanti et al. 2022, section 4.2.2; Narayanan et al. '
+        'SC21, section 4.1'),
+  _calc('tensor_par_overlap', _choice(TP_OVERLAP_NAMES), 'communication',
+        'tiled TP communication overlapped with the GEMMs (needs TP > 1)',
+        names=TP_OVERLAP_NAMES,
+        source='Wang et al. ASPLOS 2023; Transformer Engine userbuffers'),
+  _calc('seq_par_ag_redo', _BOOL, 'communication',
+        "redo sequence parallelism's all-gather in the backward pass "
+        "instead of keeping its output ('rs_ag', not with full "
+        'recomputation)', source='Korthikanti et al. 2022, section 4.2.2'),
+  _calc('data_par_overlap', _BOOL, 'sharding',
+        'DP communication overlapped with the backward pass (training, '
+        'DP x CP > 1)'),
+  _calc('weight_offload', _BOOL, 'memory',
+        'weights kept in memory tier 2, streamed in per block'),
+  _calc('activations_offload', _BOOL, 'memory',
+        'activations (checkpoints) kept in memory tier 2'),
+  _calc('optimizer_offload', _BOOL, 'memory',
+        'optimizer state kept in memory tier 2'),
+  _calc('training', _BOOL, 'batch',
+        'true: a training step; false: a forward pass only (inference)'),
+  # -- beyond Calculon ---------------------------------------------------------
+  _ex('framework', Spec('str'), 'framework',
+      'the framework preset whose behaviours fill the fields this '
+      'execution leaves out (frameworks/NAME.json)', absent=None,
+      absent_doc="'calculon' for a Calculon application and execution, "
+      "else the recommended modern preset (see calculon frameworks)"),
+  _ex('context_par', _INT1, 'parallelism',
+      'context parallelism (CP): the sequence split over CP ranks, ring '
+      'attention passing K/V chunks; 2 x CP must divide the sequence',
+      absent=1, absent_doc='1',
+      source='Liu et al. 2023, Ring Attention; Megatron-Core context '
+      'parallelism'),
+  _ex('context_par_net', _INT0, 'parallelism', f'CP: {_TIER}', absent=0,
+      absent_doc='tier 0'),
+  _ex('data_par_sharding', _choice(SHARDING_NAMES), 'sharding',
+      "what is sharded over DP x CP: 'optimizer' (ZeRO-1, Megatron-Core's "
+      "distributed optimizer), 'gradients' (ZeRO-2), 'parameters' "
+      '(ZeRO-3, FSDP: weights gathered per block)', names=SHARDING_NAMES,
+      absent=None, absent_doc="as optimizer_sharding says (true: "
+      "'gradients', Calculon's accounting)",
+      source='Rajbhandari et al. SC20, ZeRO, sections 5 and 7'),
+  _ex('attention_kernel', _choice(ATTENTION_KERNEL_NAMES), 'kernels',
+      "'flash': FlashAttention (no s x s scores kept, recomputed in the "
+      'backward pass)', names=ATTENTION_KERNEL_NAMES, absent='standard',
+      absent_doc="'standard' (the scores are kept)",
+      source='Dao et al. 2022, FlashAttention; Dao 2023, '
+      'FlashAttention-2'),
+  _ex('precision_recipe', _choice(PRECISION_RECIPE_NAMES), 'precision',
+      "'transformer_engine': only the linear layers' GEMMs in the narrow "
+      'datatype, the rest in bfloat16, 16-bit weights plus a narrow copy',
+      names=PRECISION_RECIPE_NAMES, absent='uniform',
+      absent_doc="'uniform': everything in datatype",
+      source='NVIDIA Transformer Engine, "Using FP8 with Transformer '
+      'Engine"; Micikevicius et al. 2022'),
+  _ex('gradient_datatype', _choice(GRADIENT_DATATYPE_NAMES), 'precision',
+      'precision of the gradients kept and reduced over DP',
+      names=DATATYPE_NAMES, absent=None,
+      absent_doc="Calculon's: in datatype, with an fp32 accumulation "
+      'buffer for the block being computed',
+      source='Megatron-LM --accumulate-allreduce-grads-in-fp32, '
+      '--grad-reduce-in-bf16'),
+  _ex('expert_par', _INT1, 'parallelism',
+      'expert parallelism (EP): divides num_experts; EP x ETP divides TP x '
+      'DP x CP', absent=1, absent_doc='1',
+      source='Megatron-Core MoE parallel folding (Liu et al. 2025, arXiv '
+      '2504.14960)'),
+  _ex('expert_par_net', _INT0, 'parallelism', f'EP: {_TIER}', absent=0,
+      absent_doc='tier 0'),
+  _ex('expert_tensor_par', _INT1, 'parallelism',
+      'TP inside an expert (ETP)', absent=1,
+      absent_doc="1 (Megatron-Core's default)"),
+  _ex('moe_dispatcher', _choice(DISPATCHER_NAMES), 'moe',
+      "token dispatch and combine: 'alltoall', 'allgather', or 'deepep' "
+      '(each token crosses the network once per destination node)',
+      names=DISPATCHER_NAMES, absent='alltoall', absent_doc="'alltoall'",
+      source='DeepSeek-V3 technical report, section 3.2.2; DeepEP'),
+  _ex('moe_comm_overlap', _choice(MOE_OVERLAP_NAMES), 'moe',
+      'dispatch and combine hidden behind the shared experts or the rest '
+      "of the block's compute", names=MOE_OVERLAP_NAMES, absent='none',
+      absent_doc="'none' (exposed)",
+      source='Megatron-Core --moe-shared-expert-overlap, '
+      '--overlap-moe-expert-parallel-comm; DeepSeek-V3 DualPipe'),
+  _ex('expert_imbalance', Spec('number', lo=1), 'moe',
+      'tokens of the busiest expert over the average (the step waits for '
+      'it)', absent=1.0, absent_doc='1 (balanced)'),
+  # -- framework behaviours -------------------------------------------------------
+  _beh('checkpoint_layout', _choice(CHECKPOINT_LAYOUT_NAMES), 'memory',
+       "full recomputation's block-input checkpoint: 'as_input' as the "
+       'rank holds the input (sequence-sharded with sequence parallelism)',
+       names=CHECKPOINT_LAYOUT_NAMES, absent='whole',
+       absent_doc="'whole': every TP rank keeps the whole input (Calculon)",
+       source='Korthikanti et al. 2022, section 4.2.2 (Megatron-LM '
+       'checkpoints the block input, [s/t, b, h] with '
+       '--sequence-parallel)'),
+  _beh('param_gather_overlap', _BOOL, 'sharding',
+       'with DP overlap and a sharded optimizer, the all-gather of the '
+       "updated weights hides behind the next step's forward pass",
+       absent=False, absent_doc='false: it overlaps the backward pass '
+       'with the reduce-scatter (Calculon)',
+       source='Megatron-Core distributed optimizer, --overlap-param-gather'),
+  _beh('tensor_par_async_backward', _BOOL, 'communication',
+       'with TP > 1 and no tiled overlap: the backward TP all-reduce '
+       '(reduce-scatter) of a column-parallel linear runs behind its '
+       'weight-gradient GEMM', absent=False,
+       absent_doc='false: all exposed (Calculon)',
+       source='Megatron-LM LinearWithGradAccumulationAndAsyncCommunication; '
+       'Transformer Engine Linear'),
+  _beh('tensor_par_overlap_rs_dgrad', _BOOL, 'communication',
+       'with a tiled TP overlap: the input-gradient reduce-scatter of a '
+       'column-parallel layer is tiled with its GEMM too (false: run whole '
+       'after it, exposed)', absent=True,
+       absent_doc='true (Calculon)',
+       source='torch/_inductor/fx_passes/micro_pipeline_tp.py '
+       'fuse_matmul_reduce_scatter (one producing matmul only)',
+       requires=('tensor_par_overlap', ('ring', 'pipe'),
+                 'it qualifies a tiled TP overlap')),
+  _beh('tensor_par_narrow_all_gather', _BOOL, 'communication',
+       "with 'transformer_engine' and sequence parallelism: the TP "
+       'all-gathers feeding narrow GEMMs move the narrow datatype',
+       absent=False, absent_doc='false: every TP transfer in 16 bits',
+       source='Transformer Engine module/layernorm_linear.py, '
+       'module/base.py grad_output_preprocess; torchao '
+       'float8_tensor_parallel.py',
+       requires=('precision_recipe', ('transformer_engine',),
+                 'only that recipe has narrow GEMM inputs to gather')),
+  _beh('narrow_param_gather', _BOOL, 'communication',
+       "with 'transformer_engine' and a sharded optimizer: the updated "
+       "linear weights are all-gathered in the narrow datatype",
+       absent=False, absent_doc='false: in 16 bits',
+       source='Megatron-Core --fp8-param-gather',
+       requires=('precision_recipe', ('transformer_engine',),
+                 'only that recipe has narrow weights to gather')),
+  _beh('pipeline_split_counts_vocab', _BOOL, 'schedule',
+       'with PP > 1: the pipeline split counts the embedding and the LM '
+       'head with the loss as one block each', absent=False,
+       absent_doc='false: the end stages carry them on top of their blocks',
+       source='Megatron-Core --account-for-embedding-in-pipeline-split, '
+       '--account-for-loss-in-pipeline-split'),
+  _ex('quantization_scaling', _choice(SCALING_NAMES), 'precision',
+      "with 'transformer_engine': how the casts find their scales: "
+      "'delayed' (amax history), 'current' (an amax pass first), 'block' "
+      '(MXFP8/NVFP4 block scales)', names=SCALING_NAMES, absent='delayed',
+      absent_doc="'delayed'",
+      source='Transformer Engine DelayedScaling, Float8CurrentScaling; OCP '
+      'Microscaling Formats v1.0',
+      requires=('precision_recipe', ('transformer_engine',),
+                'the casts it scales exist only with that recipe')),
+  _ex('recompute_modules', Spec('list'), 'memory',
+      "with 'selective' recomputation, the modules recomputed "
+      "(Megatron-Core's --recompute-modules; 'alternate_linears': "
+      "torchtitan's per-op selective checkpointing)",
+      names=RECOMPUTE_MODULE_SETS, absent='core_attn',
+      absent_doc="['core_attn'] (Korthikanti et al.'s selective "
+      'recomputation)',
+      source='megatron/core/transformer/transformer_config.py '
+      'recompute_modules; torchtitan _apply_ac_to_transformer_block',
+      requires=('activation_recompute', ('selective',),
+                'modules are chosen only for selective recomputation')),
+  _beh('fsdp_buffer_copies', _BOOL, 'sharding',
+       "with 'parameters' sharding: FSDP copies the gathered weights out of "
+       'the all-gather buffer and the gradients into the reduce-scatter '
+       'buffer, on the compute stream', absent=False,
+       absent_doc='false: gathered and reduced in place (Megatron-FSDP, '
+       'ZeRO-3)',
+       source='torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py '
+       'foreach_all_gather_copy_out, foreach_reduce',
+       requires=('data_par_sharding', ('parameters',),
+                 "the copies are FSDP's")),
+  _beh('cross_entropy_kernel', _choice(CROSS_ENTROPY_NAMES), 'kernels',
+       "the loss: 'fused' one kernel on the 16-bit logits; 'unfused' "
+       'float32 logits and separate element-wise kernels',
+       names=CROSS_ENTROPY_NAMES, absent='fused', absent_doc="'fused'",
+       source='Megatron-Core --cross-entropy-loss-fusion; Megatron-LM '
+       'vocab_parallel_cross_entropy; PyTorch cross_entropy'),
+  _beh('moe_probs_in_activation', _BOOL, 'moe',
+       "the router probabilities scale the experts' activation, so the "
+       'combine keeps no expert outputs', absent=False,
+       absent_doc='false: the combine scales and keeps them',
+       source='Megatron-Core commit 2659630721 (core_v0.13.0), '
+       'activation_func_with_probs'),
+  _beh('wide_saved_inputs', _BOOL, 'precision',
+       "with 'transformer_engine': the linear layers keep their 16-bit "
+       'input for the backward pass', absent=False,
+       absent_doc='false: the narrow input (Transformer Engine)',
+       source='torchao float8_linear.py matmul_with_hp_or_float8_args '
+       '(e76db70ec)',
+       requires=('precision_recipe', ('transformer_engine',),
+                 'only that recipe keeps narrow linear inputs to widen')),
+  _beh('pipeline_par_overlap', _BOOL, 'schedule',
+       'with PP > 1 and VP > 1: the steady-state pipeline transfers run '
+       'behind compute, the warm-up and flush ones block', absent=False,
+       absent_doc='false: every transfer exposed (Calculon)',
+       source='Megatron-Core --overlap-p2p-communication '
+       '(pipeline_parallel/schedules.py)'),
+  _beh('fused_dropout_add', _BOOL, 'kernels',
+       'with dropout: the dropout of the attention and MLP outputs runs '
+       "inside the residual addition's kernel", absent=False,
+       absent_doc='false: a separate dropout kernel (Calculon)',
+       source='Megatron-LM bias_dropout_add_fused_train (default since '
+       '9acc895632)'),
+  _beh('optimizer_traffic', _choice(OPTIMIZER_TRAFFIC_NAMES), 'kernels',
+       "the optimizer step's memory traffic: 'fused_adam' every pass of a "
+       'mixed-precision Adam step (38 bytes per parameter with bfloat16, '
+       '46 with float16)', names=OPTIMIZER_TRAFFIC_NAMES,
+       absent='state_once',
+       absent_doc="'state_once': the state read once, 12 bytes (Calculon)",
+       source='Megatron-LM MixedPrecisionOptimizer.step; apex '
+       'multi_tensor_adam.cu; PyTorch _fused_adamw_'),
+)
+
+
+def _app(name, spec, group, doc, **kw):
+  return Field(name, 'application', spec, group, doc, **kw)
+
+
+def _app_calc(name, doc, unit):
+  return Field(name, 'application', _INT1, 'shape', doc, calculon=True,
+               unit=unit)
+
+
+_APP_OPT_INT = Spec('int', lo=1)
+#: Application fields: Calculon's six (the GPT-3 block of 2021), then the
+#: optional ones; absent, each means exactly what Calculon means.
+APPLICATION = (
+  _app_calc('hidden', 'model width h', 'elements'),
+  _app_calc('feedforward', 'MLP inner width (4h plain, about 8h/3 gated: '
+            'the width of each of the gate and up GEMMs)', 'elements'),
+  _app_calc('seq_size', 'sequence length s', 'tokens'),
+  _app_calc('attn_heads', 'query heads a', 'count'),
+  _app_calc('attn_size', 'width of one head (usually h / a)', 'elements'),
+  _app_calc('num_blocks', 'transformer blocks (layers) L', 'count'),
+  _app('kv_heads', _APP_OPT_INT, 'attention',
+       'K/V heads (grouped-query attention; 1 multi-query, attn_heads '
+       'multi-head); must divide attn_heads', absent=None,
+       absent_doc="the execution's attention_type decides",
+       source='Ainslie et al. 2023, GQA'),
+  _app('mlp', _choice(MLP_NAMES), 'block',
+       "'plain' (2 GEMMs, GeLU) or 'gated' (SwiGLU/GeGLU: gate and up "
+       'GEMMs of width feedforward, then down)', absent='plain',
+       absent_doc="'plain'", source='Shazeer 2020, GLU variants'),
+  _app('norm', _choice(NORM_NAMES), 'block',
+       "'layernorm' or 'rmsnorm' (no mean, no bias)", absent='layernorm',
+       absent_doc="'layernorm'", source='Zhang and Sennrich 2019, RMSNorm'),
+  _app('linear_bias', _choice(BIAS_NAMES), 'block',
+       "biases of the linear layers: 'all', 'qkv' (Qwen2) or 'none'",
+       absent='all', absent_doc="'all'"),
+  _app('vocab_size', _APP_OPT_INT, 'vocabulary',
+       'vocabulary V: input embedding (first stage), LM head and '
+       'cross-entropy loss (last stage), vocabulary-parallel over TP',
+       absent=None, absent_doc='no embedding, head or loss (Calculon)',
+       unit='tokens'),
+  _app('tied_embeddings', _BOOL, 'vocabulary',
+       'the LM head reuses the embedding table (a copy on the last stage '
+       'with PP > 1)', absent=False, absent_doc='false'),
+  _app('position_embedding', _choice(POSITION_NAMES), 'vocabulary',
+       "'learned' (an s x h table) or 'rope' (rotary)", absent=None,
+       absent_doc="'learned' with a vocabulary",
+       source='Su et al. 2021, RoFormer'),
+  _app('block_layout', _choice(LAYOUT_NAMES), 'block',
+       "'parallel': attention and MLP read the same normalized input "
+       '(GPT-J, NeoX, PaLM)', absent='sequential',
+       absent_doc="'sequential'", source='Chowdhery et al. 2022, PaLM, '
+       'section 2'),
+  _app('dropout', _BOOL, 'block',
+       'dropout layers (their masks kept for the backward pass)',
+       absent=True, absent_doc='true'),
+  _app('num_experts', _APP_OPT_INT, 'moe',
+       'Mixture-of-Experts: routed experts E', absent=None,
+       absent_doc='a dense model', source='Shazeer et al. 2017; Fedus et '
+       'al. 2021'),
+  _app('top_k', _APP_OPT_INT, 'moe', 'experts per token k', absent=None,
+       absent_doc='required with num_experts'),
+  _app('moe_ffn_hidden', _APP_OPT_INT, 'moe',
+       "each expert's MLP width (experts use mlp)", absent=None,
+       absent_doc='required with num_experts', unit='elements'),
+  _app('shared_experts', _INT0, 'moe',
+       'always-on experts (DeepSeek, Qwen2-MoE)', absent=0,
+       absent_doc='0'),
+  _app('shared_expert_ffn_hidden', _APP_OPT_INT, 'moe',
+       'the shared experts\' width', absent=None,
+       absent_doc='moe_ffn_hidden', unit='elements'),
+  _app('first_dense_blocks', _INT0, 'moe',
+       'the first blocks keep a dense MLP of width feedforward '
+       '(DeepSeek-V3)', absent=0, absent_doc='0'),
+  _app('moe_layer_freq', _APP_OPT_INT, 'moe',
+       "every k-th block is MoE (Megatron-LM's --moe-layer-freq)",
+       absent=1, absent_doc='1 (every block)'),
+  _app('capacity_factor', Spec('number', lo=0, lo_open=True), 'moe',
+       'token dropping: each expert takes at most ceil(tokens x k / E x '
+       'factor) tokens, padded to that', absent=None,
+       absent_doc='no dropping', source='Fedus et al. 2021, Switch '
+       'Transformer, section 2.2'),
+  _app('moe_router_num_groups', _APP_OPT_INT, 'moe',
+       'group-limited routing: the experts form this many groups',
+       absent=None, absent_doc='any k of the E experts',
+       source='DeepSeek-V3 technical report, section 2.1.2; Megatron-LM '
+       '--moe-router-num-groups'),
+  _app('moe_router_group_topk', _APP_OPT_INT, 'moe',
+       "a token's experts come from at most this many groups", absent=None,
+       absent_doc='any k of the E experts',
+       source='Megatron-LM --moe-router-group-topk'),
+  _app('q_lora_rank', _APP_OPT_INT, 'mla',
+       'multi-head latent attention: query compression rank', absent=None,
+       absent_doc='no query compression', source='DeepSeek-V2 technical '
+       'report, section 2.1'),
+  _app('kv_lora_rank', _APP_OPT_INT, 'mla',
+       'multi-head latent attention: K/V compression rank', absent=None,
+       absent_doc='GQA/MHA attention'),
+  _app('qk_nope_head_dim', _APP_OPT_INT, 'mla',
+       'MLA: per-head query/key width without RoPE', absent=None,
+       absent_doc='GQA/MHA attention'),
+  _app('qk_rope_head_dim', _APP_OPT_INT, 'mla',
+       'MLA: per-head query/key width with RoPE (attn_size = nope + rope)',
+       absent=None, absent_doc='GQA/MHA attention'),
+  _app('v_head_dim', _APP_OPT_INT, 'mla', 'MLA: per-head value width',
+       absent=None, absent_doc='GQA/MHA attention'),
+  _app('sliding_window', _APP_OPT_INT, 'attention',
+       'sliding-window attention: each query attends to the w most recent '
+       'tokens', absent=None, absent_doc='causal attention over the whole '
+       'sequence', source='Jiang et al. 2023, Mistral 7B, section 2',
+       unit='tokens'),
+  _app('sliding_window_blocks', _INT0, 'attention',
+       'blocks that attend over the window', absent=None,
+       absent_doc='all blocks (with sliding_window)'),
+)
+
+
+def _sys(name, spec, group, doc, **kw):
+  return Field(name, 'system', spec, group, doc, **kw)
+
+
+_EFF = Spec('number', lo=0, lo_open=True, hi=1)
+#: System fields (sub-fields as dotted paths; ``DTYPE`` stands for each
+#: datatype key).  Units follow Calculon's JSON: TFLOP/s and GFLOP (SI),
+#: GiB (binary) and GB/s (SI), MB (SI), seconds.
+SYSTEM = (
+  _sys('matrix', Spec('dict'), 'processor',
+       'the matrix (tensor-core) engine: per datatype its peak and '
+       'efficiency curve', calculon=True),
+  _sys('matrix.DTYPE.tflops', Spec('number', lo=0, lo_open=True),
+       'processor', 'peak dense rate', calculon=True, unit='TFLOP/s (SI)'),
+  _sys('matrix.DTYPE.gflops_efficiency', Spec('list'), 'processor',
+       '[[GFLOP, efficiency], ...], GFLOP strictly decreasing to 0: an '
+       'operation of x FLOP runs at the efficiency of the first threshold '
+       '<= x', calculon=True, unit='GFLOP (SI)'),
+  _sys('vector', Spec('dict'), 'processor',
+       'the vector engine, as matrix (the same datatypes)', calculon=True),
+  _sys('mem1', Spec('dict'), 'memory',
+       'memory tier 1 (HBM): GiB, GBps, MB_efficiency', calculon=True),
+  _sys('mem2', Spec('dict'), 'memory',
+       'memory tier 2 (host): GiB, GBps, MB_efficiency; 0 GiB: none',
+       calculon=True),
+  _sys('memN.GiB', Spec('number', lo=0), 'memory', 'capacity',
+       calculon=True, unit='GiB (binary)'),
+  _sys('memN.GBps', Spec('number', lo=0, lo_open=True), 'memory',
+       'bandwidth', calculon=True, unit='GB/s (SI)'),
+  _sys('memN.MB_efficiency', Spec('list'), 'memory',
+       '[[MB, efficiency], ...] over bytes per access', calculon=True,
+       unit='MB (SI)'),
+  _sys('processing_mode', Spec('str', choices=('roofline', 'no_overlap')),
+       'processor', "an operation takes max(compute, memory) ('roofline') "
+       "or their sum ('no_overlap')", calculon=True),
+  _sys('networks', Spec('list'), 'network', 'network tiers, fastest first',
+       calculon=True),
+  _sys('networks[].bandwidth', Spec('number', lo=0, lo_open=True),
+       'network', 'bandwidth per processor', calculon=True,
+       unit='GB/s (SI)'),
+  _sys('networks[].efficiency', _EFF, 'network',
+       'fraction of the bandwidth achieved', calculon=True),
+  _sys('networks[].size', _INT0, 'network', 'processors the tier joins',
+       calculon=True, unit='processors'),
+  _sys('networks[].latency', Spec('number', lo=0), 'network',
+       'latency per operation', calculon=True, unit='s'),
+  _sys('networks[].ops', Spec('dict'), 'network',
+       '{op: [scalar, offset]}: n bytes among p peers move n x scalar x '
+       '(1 + offset / p) bytes; all_to_all optional, default [1, -1]',
+       calculon=True, source="nccl-tests PERFORMANCE.md (bus bandwidth)"),
+  _sys('networks[].must_be_filled', _BOOL, 'network',
+       'a parallelism on the tier must divide its size', calculon=True),
+  _sys('networks[].processor_usage',
+       Spec('number', lo=0, hi=1, hi_open=True), 'network',
+       'share of compute that drives the tier while it communicates',
+       calculon=True),
+  _sys('networks[].rails', _INT1, 'network',
+       'processors of a node that drive this tier in parallel, one link '
+       '(NIC) each, for one collective', absent=1,
+       absent_doc="1 (Calculon's model)",
+       source='NVIDIA/nccl issues #601 and #1277 (multi-NIC rings)'),
+  _sys('overhead', Spec('dict'), 'overhead',
+       'fixed host-side costs the accelerators wait for', absent=None,
+       absent_doc='none (Calculon)'),
+  _sys('overhead.per_step_s', Spec('number', lo=0), 'overhead',
+       'once per batch', absent=0.0, absent_doc='0', unit='s'),
+  _sys('overhead.per_microbatch_s', Spec('number', lo=0), 'overhead',
+       'once per microbatch of a data-parallel replica', absent=0.0,
+       absent_doc='0', unit='s'),
+  _sys('overhead.per_moe_block_s', Spec('number', lo=0), 'overhead',
+       "the host's time to launch one MoE block for one microbatch: a "
+       "floor under the stage's GPU work per microbatch", absent=0.0,
+       absent_doc='0', unit='s',
+       source='Megatron-Core MoE report, arXiv 2603.07685'),
+  _sys('fused_attention_efficiency', _EFF, 'kernels',
+       'share of the GEMM efficiency a fused attention kernel reaches at '
+       'the same FLOP count', absent=None, absent_doc='1 (as a GEMM)',
+       source='Shah et al. 2024, FlashAttention-3, figures 5 and 6'),
+  _sys('grouped_gemm_efficiency', _EFF, 'kernels',
+       "the same for the MoE layers' grouped expert GEMMs", absent=None,
+       absent_doc='1 (as a GEMM)'),
+)
+
+#: kind -> {name: Field}, in file order.
+FIELDS = {
+  'application': {f.name: f for f in APPLICATION},
+  'execution': {f.name: f for f in EXECUTION},
+  'system': {f.name: f for f in SYSTEM},
+}
+
+
+def field(kind, name):
+  """The :class:`Field` ``name`` of ``kind``.
+
+  Raises:
+    KeyError: no such field.
+  """
+  return FIELDS[kind][name]
+
+
+def behaviours():
+  """Names of the execution fields a framework preset sets, in order."""
+  return tuple(n for n, f in FIELDS['execution'].items() if f.behaviour)
+
+
+def options():
+  """Names of the execution fields that are choices (not a behaviour, not
+  the framework), in order."""
+  return tuple(n for n, f in FIELDS['execution'].items()
+               if not f.behaviour and n != 'framework')
