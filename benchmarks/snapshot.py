@@ -39,12 +39,21 @@ sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
 REL = 1e-12
 
 
-def resolved(record):
-  """Every field of an execution record as ``calculon llm`` reads it."""
+def resolved(record, app=None):
+  """Every field of an execution record as ``calculon llm`` reads it
+  (after its framework preset, when the record names one)."""
   import dataclasses
-  from calculon.config import Execution
+  from calculon.config import Application, Execution
   exe = Execution.from_dict(dict(record), '<snapshot>')
-  return {k: v for k, v in dataclasses.asdict(exe).items()}
+  if 'framework' in record and app is not None:
+    from calculon.frameworks import resolve_execution
+    if not isinstance(app, Application):
+      app = Application.from_dict(app)
+    exe, _ = resolve_execution(app, exe, source='<snapshot>')
+  out = dataclasses.asdict(exe)
+  out.pop('written', None)
+  out.pop('framework', None)
+  return out
 
 
 def published():
@@ -67,7 +76,7 @@ def published():
           'mem_gib': r.predicted_mem_gib, 'over_memory': r.over_memory,
           'reason': r.reason,
           'execution': None if r.execution is None else resolved(
-            r.execution),
+            r.execution, r.case.priced_app),
           'assumptions': r.case.assumptions_text(),
         }
   return out
@@ -100,7 +109,10 @@ def search(only):
     tops = []
     for i in sorted(best, key=int):
       entry = best[i]
-      tops.append({'execution': resolved(entry['execution']),
+      import json as _json
+      with open(os.path.join(ROOT, args[0])) as f:
+        app = _json.load(f)
+      tops.append({'execution': resolved(entry['execution'], app),
                    'sample_rate': entry['stats']['sample_rate'],
                    'batch_time': entry['stats'].get('total_time',
                                                     entry['stats'].get(

@@ -12,6 +12,7 @@ reports, model summary).
 
 import os
 
+from calculon.config.execution import OPTIONAL_SPECS
 from calculon.units import human_format
 
 #: (label, statistic) of the batch time, in the order they add up.
@@ -53,17 +54,21 @@ class RunData:
     app: Application config; exe: Execution config; system: System;
     stats: Calculon statistics dict (with 'layers' for the model summary);
     extra: extra statistics dict (see calculon.llm.stats.EXTRA_STATS).
+    framework_settings: {field: value} the framework preset set (see
+      :func:`calculon.frameworks.resolve.settings_of`).
   """
 
-  def __init__(self, app, exe, system, stats, extra):
+  def __init__(self, app, exe, system, stats, extra, framework_settings=None):
     self.app, self.exe, self.system = app, exe, system
     self.stats, self.extra = stats, extra
+    self.framework_settings = framework_settings or {}
 
   @classmethod
   def from_model(cls, model):
     """From a run :class:`calculon.llm.Llm` (compiled and run)."""
     return cls(model.app.config, model.exe.config, model.sys,
-               model.get_stats_json('summary'), model.get_extra_stats_json())
+               model.get_stats_json('summary'), model.get_extra_stats_json(),
+               model.framework_settings)
 
   # -- tables (lists of rows) ------------------------------------------------
   def speed(self):
@@ -181,26 +186,28 @@ def header_lines(data):
           f"{exe.datatype}, {'training' if exe.training else 'inference'}, "
           f'recompute {exe.activation_recompute}, interleaving '
           f'{exe.pipeline_interleaving}')
-  options = [f"{k} {','.join(v) if isinstance(v, list) else v}"
-             for k, v in exe.to_dict().items()
-             if k in ('data_par_sharding', 'attention_kernel',
-                      'precision_recipe', 'quantization_scaling',
-                      'recompute_modules', 'fsdp_buffer_copies',
-                      'tensor_par_overlap_rs_dgrad',
-                      'tensor_par_narrow_all_gather', 'narrow_param_gather',
-                      'cross_entropy_kernel', 'moe_probs_in_activation',
-                      'wide_saved_inputs', 'pipeline_par_overlap',
-                      'fused_dropout_add', 'optimizer_traffic',
-                      'gradient_datatype', 'expert_par',
-                      'expert_tensor_par', 'moe_dispatcher',
-                      'moe_comm_overlap', 'expert_imbalance')]
+  options = [f'{k} {_show(v)}' for k, v in exe.written_dict().items()
+             if k in OPTIONAL_SPECS and v != OPTIONAL_SPECS[k][2]]
   lines = [model]
   if modern:
     lines.append('  ' + ', '.join(modern))
   lines.append(run)
   if options:
     lines.append('  ' + ', '.join(options))
+  sets = [f'{k} {_show(v)}' for k, v in data.framework_settings.items()]
+  if exe.framework is not None and (sets or exe.framework != 'calculon'):
+    lines.append(f'Framework: {exe.framework}' + (
+      ' (sets ' + ', '.join(sets) + ')' if sets else ''))
   return lines
+
+
+def _show(value):
+  """A field's value as a report shows it."""
+  if isinstance(value, list):
+    return ','.join(value)
+  if isinstance(value, bool):
+    return 'true' if value else 'false'
+  return str(value)
 
 
 def text_report(data, layers=True):

@@ -105,9 +105,8 @@ def test_calibrate_recovers_known_parameters(synthetic):
     TRUTH['per_microbatch_s'], rel=0.02)
   c = cases[3]
   exe = M.execution_at(c, (0,) * len(M.AXES))
-  exe.update(optimizer_sharding=None, attention_type=None)
   ev = evaluate_columns(c.app, System(calibrated),
-                        ExecutionColumns.from_records([exe]))
+                        M.records_columns(c, [exe]))
   after = result.predictions.set_index('id').loc[c.id, 'after_s']
   assert float(ev.total_time_s[0]) == pytest.approx(after, rel=1e-5)
   assert float(ev.overhead_time_s[0]) == pytest.approx(

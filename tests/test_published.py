@@ -35,6 +35,30 @@ def why(c, field):
   return {k: w for k, _, w in c.assumptions}[field]
 
 
+def resolved(c, field):
+  """The value every candidate of ``c`` takes for execution field
+  ``field`` (the row and its rules, then its framework's preset)."""
+  import numpy as np
+  from calculon.frameworks.resolve import value_of
+  cols = M.candidate_columns(c)
+  values = np.unique(np.broadcast_to(getattr(cols, field), cols.shape))
+  assert len(values) == 1, (c.id, field, values)
+  return value_of(field, values[0])
+
+
+def source_of(c, field):
+  """The sources ``c``'s framework preset gives for what it sets
+  ``field`` to."""
+  rule = M.preset_of(c).rules[field]
+  return ' '.join([rule.source] + [k.source for k in rule.cases])
+
+
+def absent(field):
+  """What leaving execution field ``field`` out means."""
+  from calculon.config import registry
+  return registry.field('execution', field).absent
+
+
 def shared_rows(name='published_runs.csv'):
   with open(repo('validation', name), newline='') as fd:
     return list(csv.DictReader(fd))
@@ -126,16 +150,14 @@ def test_quantization_scaling_from_the_dtype_column_and_rules(suite):
   torchtitan's torchao float8 (dynamic tensorwise by default), absent
   (delayed, Transformer Engine's default) for a plain "fp8"; none for a
   16-bit row."""
-  assert case(suite, 'megatron-bridge-19').fixed[
-    'quantization_scaling'] == 'block'
-  assert case(suite, 'megatron-bridge-02').fixed[
-    'quantization_scaling'] == 'block'
-  assert case(suite, 'torchtitan-22').fixed['quantization_scaling'] == \
+  assert resolved(case(suite, 'megatron-bridge-19'), 'quantization_scaling') == 'block'
+  assert resolved(case(suite, 'megatron-bridge-02'), 'quantization_scaling') == 'block'
+  assert resolved(case(suite, 'torchtitan-22'), 'quantization_scaling') == \
     'current'
-  assert 'quantization_scaling' not in case(suite, 'nemo-07').fixed
-  assert 'quantization_scaling' not in case(suite, 'torchtitan-02').fixed
+  assert resolved(case(suite, 'nemo-07'), 'quantization_scaling') == absent('quantization_scaling')
+  assert resolved(case(suite, 'torchtitan-02'), 'quantization_scaling') == absent('quantization_scaling')
   cs = [c for c in suite.cases if 'fp8-cs' in (c.row.get('dtype') or '')]
-  assert cs and all(c.fixed['quantization_scaling'] == 'current'
+  assert cs and all(resolved(c, 'quantization_scaling') == 'current'
                     for c in cs)
 
 
@@ -147,15 +169,15 @@ def test_framework_loss_and_fsdp_copies_from_the_rules(suite):
   no copies; a source no rule knows keeps the absent values."""
   for rid in ('torchtitan-02', 'torchtitan-07', 'torchtitan-14'):
     c = case(suite, rid)
-    assert c.fixed['cross_entropy_kernel'] == 'unfused'
-    assert c.fixed['fsdp_buffer_copies'] is True
+    assert resolved(c, 'cross_entropy_kernel') == 'unfused'
+    assert resolved(c, 'fsdp_buffer_copies') is True
   for rid in ('narayanan-01', 'korthikanti-03', 'bigscience-01'):
-    assert case(suite, rid).fixed['cross_entropy_kernel'] == 'unfused'
-    assert 'fsdp_buffer_copies' not in case(suite, rid).fixed
+    assert resolved(case(suite, rid), 'cross_entropy_kernel') == 'unfused'
+    assert resolved(case(suite, rid), 'fsdp_buffer_copies') == absent('fsdp_buffer_copies')
   for rid in ('megatron-bridge-09', 'nemo-07'):
-    assert case(suite, rid).fixed['cross_entropy_kernel'] == 'fused'
-    assert 'fsdp_buffer_copies' not in case(suite, rid).fixed
-  assert 'cross_entropy_kernel' not in case(suite, 'black-01').fixed
+    assert resolved(case(suite, rid), 'cross_entropy_kernel') == 'fused'
+    assert resolved(case(suite, rid), 'fsdp_buffer_copies') == absent('fsdp_buffer_copies')
+  assert resolved(case(suite, 'black-01'), 'cross_entropy_kernel') == absent('cross_entropy_kernel')
 
 
 def test_torchtitan_async_tp_and_narrow_all_gathers(suite):
@@ -170,32 +192,32 @@ def test_torchtitan_async_tp_and_narrow_all_gathers(suite):
               'torchtitan-22'):
     c = case(suite, rid)
     assert c.axes['tensor_par_overlap'] == ['ring'], rid
-    assert c.fixed['tensor_par_overlap_rs_dgrad'] is False, rid
+    assert resolved(c, 'tensor_par_overlap_rs_dgrad') is False, rid
   for rid in ('torchtitan-08', 'torchtitan-14', 'torchtitan-16',
               'torchtitan-21'):
     c = case(suite, rid)
     assert c.axes['tensor_par_overlap'] == ['none'], rid
-    assert 'tensor_par_overlap_rs_dgrad' not in c.fixed, rid
+    assert resolved(c, 'tensor_par_overlap_rs_dgrad') == absent('tensor_par_overlap_rs_dgrad'), rid
   assert 'async-TP value' in case(suite, 'torchtitan-16').row['notes']
   # torchao's float8 TP styles gather float8 (float8 rows only).
   for rid in ('torchtitan-08', 'torchtitan-09', 'torchtitan-16',
               'torchtitan-22'):
-    assert case(suite, rid).fixed['tensor_par_narrow_all_gather'] is True
+    assert resolved(case(suite, rid), 'tensor_par_narrow_all_gather') is True
   for rid in ('torchtitan-14', 'torchtitan-15', 'torchtitan-21'):
-    assert 'tensor_par_narrow_all_gather' not in case(suite, rid).fixed
+    assert resolved(case(suite, rid), 'tensor_par_narrow_all_gather') == absent('tensor_par_narrow_all_gather')
   # Transformer Engine gathers the FP8 norm output and the FP8 output
   # gradient too (layernorm_linear.py, base.py grad_output_preprocess).
   for rid in ('nemo-03', 'nvidia-02', 'megatron-bridge-01'):
-    assert case(suite, rid).fixed['tensor_par_narrow_all_gather'] is True
+    assert resolved(case(suite, rid), 'tensor_par_narrow_all_gather') is True
   for rid in ('megatron-moe-modelzoo-04', 'megatron-bridge-14'):
-    assert 'tensor_par_narrow_all_gather' not in case(suite, rid).fixed
+    assert resolved(case(suite, rid), 'tensor_par_narrow_all_gather') == absent('tensor_par_narrow_all_gather')
   # NeMo 2 / Megatron-Bridge FP8 recipes gather FP8 parameters
   # (fp8_param_gather); NVFP4, NeMo 24.07 and Muon rows do not.
   for rid in ('nvidia-02', 'megatron-bridge-01', 'megatron-bridge-19'):
-    assert case(suite, rid).fixed['narrow_param_gather'] is True
+    assert resolved(case(suite, rid), 'narrow_param_gather') is True
   for rid in ('megatron-bridge-02', 'nemo-03'):
-    assert 'narrow_param_gather' not in case(suite, rid).fixed
-  assert case(suite, 'megatron-bridge-17').fixed['narrow_param_gather'] \
+    assert resolved(case(suite, rid), 'narrow_param_gather') == absent('narrow_param_gather')
+  assert resolved(case(suite, 'megatron-bridge-17'), 'narrow_param_gather') \
     is False
 
 
@@ -310,12 +332,12 @@ def test_megatron_core_rows_count_the_vocabulary_in_an_uneven_split(suite):
   for rid in ('megatron-bridge-01', 'megatron-bridge-08',
               'megatron-moe-modelzoo-03'):
     c = case(suite, rid)
-    assert c.fixed['pipeline_split_counts_vocab'] is True
-    assert 'pipeline_split_counts_vocab=true' in c.assumptions_text()
+    assert resolved(c, 'pipeline_split_counts_vocab') is True
+    assert 'framework=megatron' in c.assumptions_text()
     assert not any('blocks over PP' in a for a in c.approximations)
   for rid in ('megatron-bridge-03', 'megatron-bridge-13', 'torchtitan-15',
               'narayanan-05'):
-    assert 'pipeline_split_counts_vocab' not in case(suite, rid).fixed
+    assert resolved(case(suite, rid), 'pipeline_split_counts_vocab') == absent('pipeline_split_counts_vocab')
 
 
 def test_notes_stating_the_vocabulary_split_set_it_for_any_source(tmp_path):
@@ -337,9 +359,9 @@ def test_notes_stating_the_vocabulary_split_set_it_for_any_source(tmp_path):
               'account_for_loss_in_pipeline_split=True'), row('')]
   s = P.Suite(ROOT, [write_csv(tmp_path / 'v.csv', rows)])
   split, plain = s.cases
-  assert split.fixed['pipeline_split_counts_vocab'] is True
+  assert resolved(split, 'pipeline_split_counts_vocab') is True
   assert split.axes['pipeline_interleaving'] == [1, 17]
-  assert 'pipeline_split_counts_vocab' not in plain.fixed
+  assert resolved(plain, 'pipeline_split_counts_vocab') == absent('pipeline_split_counts_vocab')
   assert plain.axes['pipeline_interleaving'] == [1, 2, 4, 8, 16]
 
 
@@ -410,8 +432,8 @@ def test_rows_are_mapped_by_conventions(suite):
   c = case(suite, 'narayanan-07')
   assert c.axes['data_par_overlap'] == [False]
   assert 'DDP-impl local' in why(c, 'data_par_overlap')
-  assert c.fixed['gradient_datatype'] == 'float32'
-  assert 'accumulate_allreduce_grads_in_fp32' in why(c, 'gradient_datatype')
+  assert resolved(c, 'gradient_datatype') == 'float32'
+  assert 'accumulate_allreduce_grads_in_fp32' in source_of(c, 'gradient_datatype')
   # Korthikanti et al. 2022: a blank VP is 1 (rule keyed by the source).
   c = case(suite, 'korthikanti-07')
   assert c.axes['pipeline_interleaving'] == [1]
@@ -435,7 +457,7 @@ def test_rows_are_mapped_by_conventions(suite):
   # torchtitan's FSDP2 reduces gradients in float32 (its default); a
   # plain 1F1B schedule in the notes means one stage per rank, the
   # interleaved one torchtitan's default of two.
-  assert c.fixed['gradient_datatype'] == 'float32'
+  assert resolved(c, 'gradient_datatype') == 'float32'
   assert case(suite, 'torchtitan-10').axes['pipeline_interleaving'] == [1]
   # ... and, with PP and no stated microbatch, one microbatch per stage
   # (torchtitan build_pipeline_schedule): local batch 32 / PP 8 = 4.
@@ -457,7 +479,7 @@ def test_rows_are_mapped_by_conventions(suite):
   # with synchronous TP and before FlashAttention.
   c = case(suite, 'bigscience-01')
   assert c.axes['data_par_overlap'] == [False]
-  assert c.fixed['gradient_datatype'] == 'float32'
+  assert resolved(c, 'gradient_datatype') == 'float32'
   c = case(suite, 'black-01')
   assert c.axes['pipeline_interleaving'] == [1]
   assert c.axes['data_par_overlap'] == [False]
@@ -561,13 +583,23 @@ def test_measured_metric_aliases():
       ('samples/sec', '20', 'tokens_per_sec_per_gpu', 20 * 4096 / 8),
       ('TFLOP/s/GPU', '400', 'tflops_per_gpu', 400),
       ('MFU', '0.42', 'mfu_pct', 42), ('MFU', '42', 'mfu_pct', 42),
-      ('mfu_pct', '42', 'mfu_pct', 42)):
+      ('mfu_pct', '42', 'mfu_pct', 42),
+      # A throughput whose name says it is the whole job's (issue 34).
+      ('global_tokens_per_sec', '80000', 'tokens_per_sec_per_gpu', 10000),
+      ('tokens_per_sec_total', '80000', 'tokens_per_sec_per_gpu', 10000),
+      ('Tokens/s (per job)', '80000', 'tokens_per_sec_per_gpu', 10000),
+      ('TFLOP/s total', '3200', 'tflops_per_gpu', 400),
+      ('global_samples_per_sec', '20', 'tokens_per_sec_per_gpu',
+       20 * 4096 / 8)):
     c = M.Case(row=dict(row, measured_metric_name=name,
                         measured_value=value))
     assert (c.metric, c.measured_value) == (metric, pytest.approx(
       converted)), name
-  c = M.Case(row=dict(row, measured_metric_name='bogus', measured_value='1'))
-  assert c.metric == 'bogus' and c.measured_value is None
+  # Marked as the job's but per GPU or a time: not a rate of the job.
+  for name in ('bogus', 'tokens_per_sec_per_gpu_total', 'TGS total',
+               'iteration_time_total', 'MFU total'):
+    c = M.Case(row=dict(row, measured_metric_name=name, measured_value='1'))
+    assert c.metric == name and c.measured_value is None, name
 
 
 def test_bad_cells_of_a_runs_file_are_not_priced_with_the_reason(tmp_path):
@@ -799,10 +831,10 @@ def test_megatron_core_013_applies_the_probabilities_in_the_activation(suite):
   keep the field's default."""
   for rid in ('megatron-bridge-11', 'megatron-moe-modelzoo-01'):
     c = case(suite, rid)
-    assert c.fixed['moe_probs_in_activation'] is True
-    assert '2659630721' in why(c, 'moe_probs_in_activation')
+    assert resolved(c, 'moe_probs_in_activation') is True
+    assert '2659630721' in source_of(c, 'moe_probs_in_activation')
   for rid in ('nvidia-03', 'megatron-bridge-01'):
-    assert 'moe_probs_in_activation' not in case(suite, rid).fixed
+    assert resolved(case(suite, rid), 'moe_probs_in_activation') == absent('moe_probs_in_activation')
 
 
 def test_torchtitan_with_pipeline_keeps_fsdp_weights_gathered(suite):
@@ -818,13 +850,11 @@ def test_torchtitan_with_pipeline_keeps_fsdp_weights_gathered(suite):
   assert 'reshard_after_forward' in why(c, 'data_par_sharding')
   assert case(suite, 'torchtitan-08').axes['data_par_sharding'] == \
     ['parameters']
-  from calculon.config.execution import Execution, ExecutionColumns
-  from calculon.llm import evaluate_columns
+  from calculon.llm import Llm
   r = P.price(c, suite.system(c))
-  cols = ExecutionColumns.from_records(
-    [Execution.from_dict(r.execution).to_dict()])
-  ev = evaluate_columns(c.priced_app, suite.system(c), cols)
-  need_gib = float(ev.mem1_bytes.reshape(-1)[0]) / 2**30
+  model = Llm(c.priced_app)
+  model.compile(suite.system(c), r.execution)
+  need_gib = float(model.evaluation.mem1_bytes) / 2**30
   assert abs(need_gib / 82.5 - 1) < 0.2
 
 
@@ -857,9 +887,9 @@ def test_torchao_float8_keeps_sixteen_bit_inputs(suite, results):
   the model prices the two within 2 % of each other (16 % apart with
   Transformer Engine's float8 inputs)."""
   c = case(suite, 'torchtitan-03')
-  assert c.fixed['wide_saved_inputs'] is True
-  assert 'e76db70ec' in why(c, 'wide_saved_inputs')
-  assert 'wide_saved_inputs' not in case(suite, 'torchtitan-02').fixed
+  assert resolved(c, 'wide_saved_inputs') is True
+  assert 'e76db70ec' in source_of(c, 'wide_saved_inputs')
+  assert resolved(case(suite, 'torchtitan-02'), 'wide_saved_inputs') == absent('wide_saved_inputs')
   mem = results.set_index('id')['predicted_mem_gib']
   assert abs(mem['torchtitan-03'] / mem['torchtitan-02'] - 1) < 0.02
 
@@ -887,11 +917,11 @@ def test_megatron_core_rows_overlap_the_pipeline_transfers(suite, results):
   for rid in ('nemo-06', 'nvidia-01', 'megatron-bridge-02',
               'megatron-moe-modelzoo-01'):
     c = case(suite, rid)
-    assert c.fixed['pipeline_par_overlap'] is True
-    assert '4eeff55d1f' in why(c, 'pipeline_par_overlap')
+    assert resolved(c, 'pipeline_par_overlap') is True
+    assert '4eeff55d1f' in source_of(c, 'pipeline_par_overlap')
   for rid in ('narayanan-07', 'korthikanti-05', 'torchtitan-11',
               'bigscience-01'):
-    assert 'pipeline_par_overlap' not in case(suite, rid).fixed
+    assert resolved(case(suite, rid), 'pipeline_par_overlap') == absent('pipeline_par_overlap')
   row = results.set_index('id').loc['nemo-06']
   assert abs(row['delta_pct']) < 5
 
@@ -904,10 +934,10 @@ def test_megatron_lm_rows_fuse_the_hidden_dropout(suite, results):
   priced within 3.5 % (-4.2 % with the separate dropout kernel)."""
   for rid in ('narayanan-01', 'korthikanti-12', 'bigscience-01'):
     c = case(suite, rid)
-    assert c.fixed['fused_dropout_add'] is True
-    assert '9acc895632' in why(c, 'fused_dropout_add')
+    assert resolved(c, 'fused_dropout_add') is True
+    assert '9acc895632' in source_of(c, 'fused_dropout_add')
   for rid in ('black-01', 'nemo-01', 'torchtitan-01'):
-    assert 'fused_dropout_add' not in case(suite, rid).fixed
+    assert resolved(case(suite, rid), 'fused_dropout_add') == absent('fused_dropout_add')
   row = results.set_index('id').loc['korthikanti-12']
   assert -3.5 < row['delta_pct'] < 0
 

@@ -27,6 +27,12 @@ def add_parsers(sp):
   p.add_argument('--report', metavar='DIR', default=None,
                  help='also write the report (report.md), its tables (CSV), '
                  'summary.json and charts (PNG) to DIR')
+  p.add_argument('--framework', metavar='NAME', default=None,
+                 help='price the execution under this framework preset '
+                 "(calculon frameworks lists them), whatever its 'framework' "
+                 "field says; the fields it writes still win (default: its "
+                 "'framework', else calculon for Calculon files, else "
+                 'megatron-core)')
   p.set_defaults(func=run_llm)
 
   q = sp.add_parser('llm-parameter-calculator', aliases=['lpc'],
@@ -57,7 +63,11 @@ def check_outputs(args):
 def run_llm(args, log):
   check_outputs(args)
   from calculon import io
-  model = run_files(args.application, args.execution, args.system, log)
+  if args.framework is not None:
+    from calculon import frameworks
+    frameworks.load(args.framework, source='--framework')
+  model = run_files(args.application, args.execution, args.system, log,
+                    args.framework)
   if model is None:
     return EXIT_INFEASIBLE
   exe = model.exe
@@ -74,8 +84,9 @@ def run_llm(args, log):
   return EXIT_OK
 
 
-def run_files(app_path, exe_path, sys_path, log):
-  """Loads and runs one execution from its three files.
+def run_files(app_path, exe_path, sys_path, log, framework=None):
+  """Loads and runs one execution from its three files (``framework``:
+  the preset to price it under, see :class:`calculon.llm.Llm`).
 
   Returns:
     the run :class:`Llm`, or None when infeasible (after printing Calculon's
@@ -90,7 +101,7 @@ def run_files(app_path, exe_path, sys_path, log):
   app = Llm.Application(io.read_json_file(app_path), app_path)
   exe = Llm.Execution.from_json(io.read_json_file(exe_path), exe_path)
   system = System(io.read_json_file(sys_path), sys_path)
-  model = Llm(app, log)
+  model = Llm(app, log, framework)
   try:
     model.compile(system, exe)
     model.run(system)

@@ -53,6 +53,10 @@ def add_parsers(sp):
                  default=DEFAULT_BATCH_S, metavar='S',
                  help=f'... or when a result has waited S seconds (default '
                  f'{DEFAULT_BATCH_S:g})')
+  p.add_argument('--framework', metavar='NAME', default=None,
+                 help="search every point under this framework preset (as "
+                 "the spec's search.framework; calculon frameworks lists "
+                 'them)')
   p.add_argument('-n', '--dry-run', action='store_true',
                  help='validate the spec and count the points (total, done, '
                  'to run, executions) without running anything')
@@ -71,6 +75,11 @@ def run(args, log):
                       '--scheduler the workers are those of that cluster',
                       source='--workers', value=args.workers)
   spec = load_spec(args.spec)
+  if args.framework is not None:
+    import dataclasses
+    from calculon import frameworks
+    frameworks.load(args.framework, source='--framework')
+    spec.search = dataclasses.replace(spec.search, framework=args.framework)
   if args.dry_run:
     from calculon.sweep.runner import space_sizes
     points, done = plan(spec, args.output)

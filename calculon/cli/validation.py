@@ -13,7 +13,11 @@ Suites (``--suite``):
   unknown settings span, a summary, per source, and the rows not priced
   with the reason; exit status 0.  ``--calibrated`` prices each row on
   ``systems/CLUSTER_calibrated.json`` where one exists.
-* ``all`` -- both.
+* ``whole-runs`` -- complete pretraining runs (default: the bundled
+  validation/whole_runs.csv; ``--runs`` one CSV in its columns):
+  predicted vs published GPU-hours, days and energy
+  (:mod:`calculon.validation.whole_runs`); exit status 0.
+* ``all`` -- the three (``--runs`` then applies to the published suite).
 
 ``--plot DIR`` writes PNG charts, ``--out DIR`` the tables as CSV (and the
 published summary as JSON).
@@ -25,7 +29,7 @@ from calculon import outputs
 from calculon.cli.main import EXIT_OK
 
 EXIT_THRESHOLD = 1
-SUITES = ('seqsel', 'published', 'all')
+SUITES = ('seqsel', 'published', 'whole-runs', 'all')
 
 
 def add_parsers(sp):
@@ -34,7 +38,8 @@ def add_parsers(sp):
     help='compare the model with measured training runs',
     description='Compare predictions with measured runs: the Korthikanti et '
     'al. 2022 figures and table (suite seqsel, default; exits 1 when a table '
-    'exceeds its threshold) and published runs (suite published).')
+    'exceeds its threshold), published runs (suite published) and whole '
+    'pretraining runs (suite whole-runs).')
   p.add_argument('-v', '--verbose', action='store_true',
                  help='show each run, the chosen settings and approximations')
   p.add_argument('-s', '--suite', choices=SUITES, default='seqsel',
@@ -50,10 +55,15 @@ def add_parsers(sp):
                  help='measured-runs file(s) in the columns of '
                  'validation/published_runs.csv (default: '
                  'BASE_DIR/validation/published_runs.csv and '
-                 'published_runs_2024_2026.csv)')
+                 'published_runs_2024_2026.csv); with --suite whole-runs, '
+                 'one file in the columns of validation/whole_runs.csv')
   p.add_argument('--conventions', metavar='YAML', default=None,
                  help='conventions mapping a row onto the model (default: '
                  'BASE_DIR/validation/conventions.yaml)')
+  p.add_argument('--framework', metavar='NAME', default=None,
+                 help='published suite: price every row under this framework '
+                 "preset instead of its source's (calculon frameworks lists "
+                 'them)')
   p.add_argument('--calibrated', action='store_true',
                  help='price each row on systems/CLUSTER_calibrated.json '
                  'where it exists (see calculon calibrate)')
@@ -107,7 +117,11 @@ def calibrated_systems(base_dir, suite):
 def _published(args, log, base_dir, say):
   from calculon.validation import published
   log.info('Published training runs: predicted vs measured batch time')
-  suite = published.Suite(base_dir, args.runs, args.conventions)
+  if args.framework is not None:
+    from calculon import frameworks
+    frameworks.load(args.framework, source='--framework')
+  suite = published.Suite(base_dir, args.runs, args.conventions,
+                          args.framework)
   ignored = published.ignored_columns(suite.frame)
   if ignored:
     log.info(f"(columns not read: {', '.join(ignored)})")
@@ -157,4 +171,43 @@ def run(args, log):
     if args.suite == 'all':
       log.info('')
     status = max(status, _published(args, log, base_dir, say))
+  if args.suite in ('whole-runs', 'all'):
+    if args.suite == 'all':
+      log.info('')
+    status = max(status, _whole_runs(args, log, base_dir, say))
   return status
+
+
+def _whole_runs(args, log, base_dir, say):
+  from calculon.validation import whole_runs
+  log.info('Whole pretraining runs: predicted vs published GPU-hours, days '
+           'and energy')
+  path = None
+  if args.runs and args.suite == 'whole-runs':
+    if len(args.runs) != 1:
+      from calculon.errors import ConfigError
+      raise ConfigError('--runs: the whole-runs suite reads one CSV file',
+                        field='--runs', value=args.runs)
+    path = args.runs[0]
+  suite = whole_runs.Suite(base_dir, path, args.conventions)
+  if args.calibrated:
+    suite.systems = calibrated_systems(base_dir, suite)
+    log.info('Calibrated systems: ' + (', '.join(
+      f'systems/{k}_calibrated.json' for k in suite.systems) or 'none found'))
+  from calculon.parallel import default_workers
+  results = whole_runs.run_suite(suite, progress=say,
+                                 workers=default_workers())
+  frame = whole_runs.results_frame(results)
+  log.info(whole_runs.format_report(frame, verbose=args.verbose))
+  if args.out:
+    outputs.ensure_dir(args.out)
+    path = os.path.join(args.out, 'whole_runs_results.csv')
+    outputs.write_text(path, frame.to_csv(index=False))
+    import json
+    outputs.write_text(os.path.join(args.out, 'whole_runs_summary.json'),
+                       json.dumps(whole_runs.summary(frame), indent=2) + '\n')
+    say(f'wrote {path} and whole_runs_summary.json')
+  if args.plot:
+    for path in whole_runs.plot(frame, args.plot):
+      log.info(f'wrote {path}')
+  return EXIT_OK

@@ -135,6 +135,10 @@ class Llm:
 
   Usage: ``Llm(app, log)``, then ``compile(system, execution)``, then
   ``run(system)``, then ``get_stats_json(include_layers)``.
+  ``Llm(app, log, framework=NAME)`` prices the execution under that
+  framework preset whatever it names (see :mod:`calculon.frameworks`);
+  compile resolves the execution against its preset (the resolved one is
+  ``model.exe``, what the preset set ``model.framework_settings``).
 
   Raises (from compile/run):
     ConfigError: invalid input (also for executions incompatible with the
@@ -148,11 +152,13 @@ class Llm:
   Execution = _Execution
   Error = Infeasible
 
-  def __init__(self, app, log=None):
+  def __init__(self, app, log=None, framework=None):
     if not isinstance(app, _Application):
       app = _Application(app)
     self.app = app
     self.log = log or logging.getLogger('calculon')
+    self.framework = framework
+    self.framework_settings = {}
     self.exe = None
     self.sys = None
     self._eval = None
@@ -185,6 +191,10 @@ class Llm:
       exe = _Execution.from_json(exe)
     if not isinstance(sys, System):
       sys = System(sys)
+    from calculon.frameworks import resolve_execution
+    config, self.framework_settings = resolve_execution(
+      self.app.config, exe.config, self.framework, exe.source)
+    exe = _Execution(config=config, source=exe.source)
     self.exe, self.sys = exe, sys
     ev = evaluate_columns(self.app.config, sys, exe.columns(),
                           source=exe.source)
@@ -220,7 +230,8 @@ class Llm:
     """Calculon's statistics for a Calculon run (an application and an
     execution without optional fields), else those and the modern ones."""
     calculon = self.app.config.is_calculon and \
-      set(self.exe.config.to_dict()) <= set(FIELDS)
+      self.exe.config.framework == 'calculon' and \
+      set(self.exe.config.written) <= set(FIELDS)
     return STATS[:len(CALCULON_STAT_NAMES)] if calculon else STATS
 
   def get_stats_values(self):
@@ -235,6 +246,9 @@ class Llm:
     ``include_layers='summary'`` gives each layer only the keys that the
     reports' model summary reads (:func:`layer_summary_json`)."""
     out = dict(zip((s.name for s in self._stats), self.get_stats_values()))
+    if len(self._stats) > len(CALCULON_STAT_NAMES):
+      out['framework'] = self.exe.config.framework
+      out['framework_settings'] = dict(self.framework_settings)
     if include_layers:
       per_layer = (layer_summary_json if include_layers == 'summary'
                    else layer_stats_json)

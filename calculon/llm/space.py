@@ -25,12 +25,12 @@ def pipeline_parallelisms(num_procs, tensor_par, num_blocks):
 
 
 def only_vocab_split_is_even(num_blocks, stages):
-  """Whether ``stages`` (PP, or PP x VP) divides the blocks plus two (the
-  embedding and the loss counted as a block each) but not the blocks alone:
-  Megatron-Core splits evenly or stops (transformer_block.py,
-  get_num_layers_to_build), so there it must count them
-  (``pipeline_split_counts_vocab``).  Never true for 1 or 2 stages."""
-  return num_blocks % stages != 0 and (num_blocks + 2) % stages == 0
+  """Whether ``stages`` (PP, or PP x VP; scalars or arrays) divides the
+  blocks plus two (the embedding and the loss counted as a block each) but
+  not the blocks alone: Megatron-Core splits evenly or stops
+  (transformer_block.py, get_num_layers_to_build), so there it must count
+  them.  Never true for 1 or 2 stages."""
+  return (num_blocks % stages != 0) & ((num_blocks + 2) % stages == 0)
 
 
 def data_parallelism(num_procs, tensor_par, pipeline_par):

@@ -118,7 +118,7 @@ MODERN_STATS = (
   _S('cp_comm_exposed_time', 'cp_comm_exposed_time_s', 's', 'context-parallel ring communication exposed'),
   _S('fsdp_comm_link_time', 'fsdp_comm_link_time_s', 's', 'FSDP (ZeRO-3) all-gathers and reduce-scatters on the link'),
   _S('fsdp_comm_exposed_time', 'fsdp_comm_exposed_time_s', 's', 'FSDP (ZeRO-3) communication exposed'),
-  _S('fsdp_copy_time', 'fsdp_copy_time_s', 's', 'FSDP buffer copies on the compute stream (fsdp_buffer_copies)'),
+  _S('fsdp_copy_time', 'fsdp_copy_time_s', 's', 'FSDP buffer copies on the compute stream (PyTorch FSDP2)'),
   _S('embedding_time', 'embedding_time_s', 's', 'embedding forward + backward, whole batch, first stage'),
   _S('lm_head_time', 'lm_head_time_s', 's', 'LM head and loss forward + backward, whole batch, last stage'),
   _S('embedding_lm_head_time', 'vocab_extra_time_s', 's', 'what the embedding, LM head and loss add to the batch time (compute, optimizer, DP)'),

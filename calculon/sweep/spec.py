@@ -79,17 +79,23 @@ class SearchOptions:
     mbs_break: Calculon's -m rule.
     fused_activation: tuple of bools tried.
     tp_overlap, dp_overlap: try TP / DP communication overlap.
+    framework: the framework preset searched (None: calculon for a
+      Calculon application, else the recommended one).
   """
   top_n: int = 1
   mbs_break: bool = False
   fused_activation: tuple = (True,)
   tp_overlap: bool = True
   dp_overlap: bool = True
+  framework: object = None
 
   def to_dict(self):
-    return {'top_n': self.top_n, 'mbs_break': self.mbs_break,
-            'fused_activation': list(self.fused_activation),
-            'tp_overlap': self.tp_overlap, 'dp_overlap': self.dp_overlap}
+    out = {'top_n': self.top_n, 'mbs_break': self.mbs_break,
+           'fused_activation': list(self.fused_activation),
+           'tp_overlap': self.tp_overlap, 'dp_overlap': self.dp_overlap}
+    if self.framework is not None:
+      out['framework'] = self.framework
+    return out
 
 
 @dataclass(frozen=True)
@@ -507,8 +513,12 @@ def _read_search(reader):
     sub.fail('fused_activation', fused, 'true, false or "both"')
   tp = opt('tp_overlap', Spec('bool'), defaults.tp_overlap)
   dp = opt('dp_overlap', Spec('bool'), defaults.dp_overlap)
+  framework = opt('framework', Spec('str'), None)
+  if framework is not None:
+    from calculon import frameworks
+    frameworks.load(framework, source=f'{reader.source}: search.framework')
   sub.finish()
-  return SearchOptions(int(top_n), mbs_break, fused, tp, dp)
+  return SearchOptions(int(top_n), mbs_break, fused, tp, dp, framework)
 
 
 def _default_column(path, mode):

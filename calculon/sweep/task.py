@@ -78,7 +78,8 @@ def run_point(point):
                       point.datatype, list(opts.fused_activation),
                       mbs_break=opts.mbs_break,
                       allow_tp_overlap=opts.tp_overlap,
-                      allow_dp_overlap=opts.dp_overlap)
+                      allow_dp_overlap=opts.dp_overlap,
+                      framework=opts.framework)
   result = S.optimal_executions(spec, opts.top_n, workers=1)
   counts = dict(executions=result.evaluated,
                 feasible_executions=result.feasible)

@@ -358,7 +358,7 @@ def _grid_times(case, cfg, theta):
   estimate is what is off, as in the published suite)."""
   from calculon.llm import evaluate_columns
   from calculon.llm.model import MEM1_TOO_SMALL
-  from calculon.validation.mapping import candidate_columns
+  from calculon.validation.mapping import candidate_allowed, candidate_columns
   from calculon.validation.published import layer_time_s
   exe = candidate_columns(case)
   system = ScaledSystem(cfg, {k: v for k, v in theta.items()
@@ -369,7 +369,8 @@ def _grid_times(case, cfg, theta):
   with np.errstate(all='ignore'):
     t = layer_time_s(ev) if case.metric == 'layer_fwd_plus_bwd_ms' \
       else ev.total_time_s
-  t = np.broadcast_to(np.asarray(t, dtype=float), shape)
+  t = np.where(candidate_allowed(case, exe),
+               np.broadcast_to(np.asarray(t, dtype=float), shape), np.nan)
   ok = np.broadcast_to(ev.feasible, shape) & np.isfinite(t)
   if not ok.any():
     ok = (np.broadcast_to(ev.reason, shape) == MEM1_TOO_SMALL) & np.isfinite(t)
@@ -440,9 +441,8 @@ def linearize(case, cfg, lin, measured_s, system_name):
   engine parameter; missing ones are 1): its fastest candidates, priced at
   ``lin`` and along :data:`AXIS_POINTS` of each engine parameter in one
   engine call.  None when nothing can be priced."""
-  from calculon.config import ExecutionColumns
   from calculon.llm import evaluate_columns
-  from calculon.validation.mapping import execution_at
+  from calculon.validation.mapping import execution_at, records_columns
   from calculon.validation.published import layer_time_s
   names = engine_parameters(cfg)
   lin = {k: lin.get(k, 1.0) for k in names}
@@ -453,13 +453,8 @@ def linearize(case, cfg, lin, measured_s, system_name):
   order = np.argsort(flat_t, kind='stable')
   keep = [i for i in order[:TOP_CANDIDATES] if np.isfinite(flat_t[i])]
   idx = [np.unravel_index(int(i), t.shape) for i in keep]
-  records = []
-  for i in idx:
-    exe = execution_at(case, i)
-    exe['optimizer_sharding'] = None
-    exe['attention_type'] = None
-    records.append(exe)
-  cols = ExecutionColumns.from_records(records)
+  records = [execution_at(case, i) for i in idx]
+  cols = records_columns(case, records)
   points = [dict(lin)]
   for name in names:
     for x in AXIS_POINTS:

@@ -17,11 +17,8 @@ import os
 import re
 
 from calculon.config.execution import (
-  ATTENTION_KERNEL_NAMES, CHECKPOINT_LAYOUT_NAMES, CROSS_ENTROPY_NAMES,
-  DATATYPE_NAMES, DISPATCHER_NAMES, MOE_OVERLAP_NAMES,
-  OPTIMIZER_TRAFFIC_NAMES, PRECISION_RECIPE_NAMES, RECOMPUTE_MODULES,
-  RECOMPUTE_NAMES, SCALING_NAMES, SHARDING_NAMES, TP_COMM_NAMES,
-  TP_OVERLAP_NAMES)
+  DATATYPE_NAMES, PRECISION_RECIPE_NAMES, RECOMPUTE_MODULES, RECOMPUTE_NAMES,
+  SCALING_NAMES)
 from calculon.config.application import OPTIONAL as APP_OPTIONAL
 from calculon.errors import ConfigError
 
@@ -37,48 +34,28 @@ ATTENTION_IMPLEMENTATIONS = ('fa2', 'fa3', 'cudnn')
 #: Datatypes gradients may be kept and reduced in (``gradient_datatype``).
 GRADIENT_DATATYPES = ('float32', 'bfloat16', 'float16')
 
-#: Settings a rule may fix (or restrict to a list searched): execution
-#: fields and their allowed values (None: a positive integer; 'number': a
-#: number >= 1; 'bool': true/false).
-SETTINGS = {
-  'microbatch_size': None,
-  'pipeline_interleaving': None,
-  'activation_recompute': RECOMPUTE_NAMES,
-  'tensor_par_comm_type': TP_COMM_NAMES,
-  'tensor_par_overlap': TP_OVERLAP_NAMES,
-  'data_par_overlap': 'bool',
-  'data_par_sharding': SHARDING_NAMES,
-  'attention_kernel': ATTENTION_KERNEL_NAMES,
-  'fused_activation': 'bool',
-  'precision_recipe': PRECISION_RECIPE_NAMES,
-  'moe_dispatcher': DISPATCHER_NAMES,
-  'moe_comm_overlap': MOE_OVERLAP_NAMES,
-  'expert_imbalance': 'number',
-  'expert_tensor_par': None,
+#: Settings a rule may fix (or restrict to a list searched) that are not
+#: execution fields: how the measured figure's FLOP are counted, the fused
+#: attention kernel a framework runs ('attention_implementation', see the
+#: hardware table's ``attention_kernels``), and 'pipeline_microbatches'
+#: ('pp': one microbatch per pipeline stage when the row states no
+#: microbatch size, torchtitan's default).  Every execution field of the
+#: registry (:mod:`calculon.config.registry`) may be set too, with the
+#: values its spec allows, and ``framework`` names a preset of
+#: ``frameworks/``.
+MAPPING_SETTINGS = {
   'flops_convention': FLOPS_CONVENTIONS,
   'attention_implementation': ATTENTION_IMPLEMENTATIONS,
-  'gradient_datatype': GRADIENT_DATATYPES,
-  # Microbatches per data-parallel replica when the row states no
-  # microbatch size: 'pp' (one per pipeline stage, torchtitan's default).
   'pipeline_microbatches': ('pp',),
-  'param_gather_overlap': 'bool',
-  'tensor_par_async_backward': 'bool',
-  'tensor_par_overlap_rs_dgrad': 'bool',
-  'tensor_par_narrow_all_gather': 'bool',
-  'narrow_param_gather': 'bool',
-  # Whether the pipeline split counts the embedding and the LM head as a
-  # block each: 'always', 'never', or 'when_uneven' (only where PP divides
-  # the blocks plus two and not the blocks alone: Megatron-Core splits
-  # evenly or refuses, so such a run must have counted them).
-  'pipeline_split_counts_vocab': ('always', 'never', 'when_uneven'),
-  'quantization_scaling': SCALING_NAMES,
-  'fsdp_buffer_copies': 'bool',
-  'cross_entropy_kernel': CROSS_ENTROPY_NAMES,
-  'moe_probs_in_activation': 'bool',
-  'wide_saved_inputs': 'bool',
-  'pipeline_par_overlap': 'bool',
-  'fused_dropout_add': 'bool',
 }
+
+
+def setting_names():
+  """Every key a rule's ``set`` may hold."""
+  from calculon.config import registry
+  return tuple(registry.FIELDS['execution']) + tuple(MAPPING_SETTINGS)
+
+
 #: CSV columns a pattern may look at (the parallel degrees as written, e.g.
 #: ``pp: '^([2-9]|[1-9]\\d+)$'`` for pipeline parallelism).
 MATCH_COLUMNS = ('source', 'model_name', 'gpu_type', 'dtype', 'recompute',
@@ -200,21 +177,29 @@ def _table(path, doc, name, keys):
 
 
 def _check_setting(path, where, key, value):
-  if key not in SETTINGS:
-    _fail(path, where, key, 'a setting, one of ' + ', '.join(SETTINGS))
-  allowed = SETTINGS[key]
+  """Checks one setting against :data:`MAPPING_SETTINGS` or the field
+  registry (a list: each value)."""
+  from calculon.config import registry
+  if key not in setting_names():
+    _fail(path, where, key, 'a setting: an execution field (see '
+          'docs/reference/executions.md) or one of ' +
+          ', '.join(MAPPING_SETTINGS))
   values = value if isinstance(value, list) else [value]
   for v in values:
-    if allowed is None:
-      ok = isinstance(v, int) and not isinstance(v, bool) and v >= 1
-      text = 'an integer >= 1'
-    elif allowed == 'bool':
-      ok, text = isinstance(v, bool), 'true or false'
-    elif allowed == 'number':
-      ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 1
-      text = 'a number >= 1'
+    if key in MAPPING_SETTINGS:
+      ok, text = v in MAPPING_SETTINGS[key], 'one of ' + ', '.join(
+        MAPPING_SETTINGS[key])
+    elif key == 'framework':
+      from calculon import frameworks
+      ok = v in frameworks.names()
+      text = 'one of ' + ', '.join(frameworks.names())
+    elif key == 'recompute_modules':
+      ok, text = isinstance(v, str) and all(
+        m in registry.RECOMPUTE_MODULES for m in v.split(',')), \
+        'module names among ' + ', '.join(registry.RECOMPUTE_MODULES)
     else:
-      ok, text = v in allowed, 'one of ' + ', '.join(allowed)
+      spec = registry.field('execution', key).spec
+      ok, text = spec.accepts(v), spec.describe()
     if not ok:
       _fail(path, f'{where}.{key}', v, text)
 
@@ -281,11 +266,8 @@ def load(path):
   if defaults.get('datatype', 'bfloat16') not in DATATYPE_NAMES:
     _fail(path, 'defaults.datatype', defaults.get('datatype'),
           'one of ' + ', '.join(DATATYPE_NAMES))
-  for key, names in (('checkpoint_layout', CHECKPOINT_LAYOUT_NAMES),
-                     ('optimizer_traffic', OPTIMIZER_TRAFFIC_NAMES)):
-    if defaults.get(key, names[0]) not in names:
-      _fail(path, f'defaults.{key}', defaults.get(key),
-            'one of ' + ', '.join(names))
+  if 'framework' in defaults:
+    _check_setting(path, 'defaults', 'framework', defaults['framework'])
   if defaults.get('flops_convention', 'model_full') not in FLOPS_CONVENTIONS:
     _fail(path, 'defaults.flops_convention', defaults.get('flops_convention'),
           'one of ' + ', '.join(FLOPS_CONVENTIONS))

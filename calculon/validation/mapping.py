@@ -30,13 +30,12 @@ import numpy as np
 
 from calculon.config.execution import (
   ATTENTION_KERNEL_NAMES, FIELD_SPECS, FIELDS, OPTIONAL_SPECS,
-  RECOMPUTE_FULL, RECOMPUTE_NAMES, json_value, recompute_modules_label,
-  SHARDING_NAMES, TP_COMM_NAMES, TP_COMM_RS_AG, TP_OVERLAP_NAMES)
+  RECOMPUTE_MODULE_SETS, RECOMPUTE_NAMES, json_value,
+  recompute_modules_label, SHARDING_NAMES, TP_COMM_NAMES, TP_OVERLAP_NAMES)
 from calculon.config.application import router_groups_fit
 from calculon.config.system import OPTIONAL_EFFICIENCIES
 from calculon.errors import ConfigError
 from calculon.io import read_json_file
-from calculon.llm.space import only_vocab_split_is_even
 
 #: Columns of the shared measurements file, in its order.
 FACT_COLUMNS = (
@@ -112,23 +111,54 @@ METRIC_ALIASES = {
     'sequences_per_second')},
   **{name: ('tflops_per_gpu', 'same') for name in (
     'tflops', 'model_tflops_per_gpu', 'tflops_per_device',
-    'tflop_per_s_per_gpu', 'tflops_per_s_per_gpu')},
+    'tflop_per_s_per_gpu', 'tflops_per_s_per_gpu', 'tflop_per_s',
+    'tflops_per_s')},
   **{name: ('mfu_pct', 'fraction_or_pct') for name in (
     'mfu', 'mfu_percent', 'mfu_%')},
 }
 
 
+#: Words that make a throughput name a rate of the whole job: prefixes
+#: ('global_tokens_per_sec') and suffixes ('tokens_per_sec_total',
+#: 'tflops_per_job').
+JOB_PREFIXES = ('global_', 'total_', 'job_', 'cluster_')
+JOB_SUFFIXES = ('_total', '_per_job', '_global', '_per_cluster', '_job')
+
+
+def _job_rate(key):
+  """(metric, kind) of a throughput name marked as the whole job's
+  (:data:`JOB_PREFIXES`, :data:`JOB_SUFFIXES`), or None: the rate of the
+  name without the mark, divided by the GPUs (samples: times the sequence
+  over the GPUs); times and MFU are not rates of a job."""
+  bases = [key[len(p):] for p in JOB_PREFIXES if key.startswith(p)]
+  bases += [key[:-len(x)] for x in JOB_SUFFIXES if key.endswith(x)]
+  for base in bases:
+    metric, kind = METRIC_ALIASES.get(base, (base, 'same') if base in
+                                      CONVERSIONS else (None, None))
+    if metric in ('tokens_per_sec_per_gpu', 'tflops_per_gpu') and \
+        kind in ('same', 'per_gpu') and 'per_gpu' not in base and \
+        'per_device' not in base and base != 'tgs':
+      return metric, 'per_gpu'
+    if kind == 'samples':
+      return metric, 'samples'
+  return None
+
+
 def canonical_metric(name):
   """(metric of :data:`CONVERSIONS`, kind of :data:`ALIAS_CONVERSIONS`) of
   a measured metric name (itself, 'same', when it is one;
-  :data:`METRIC_ALIASES`), or (name, None) when unknown."""
+  :data:`METRIC_ALIASES`; a throughput named as the whole job's, e.g.
+  ``global_tokens_per_sec`` or ``tflops_total``, per GPU by
+  :func:`_job_rate`), or (name, None) when unknown."""
   if name in CONVERSIONS:
     return name, 'same'
   key = name.strip().lower().replace('/', ' per ')
   key = re.sub(r'[\s_-]+', '_', re.sub(r'[()]', ' ', key)).strip('_')
   if key in CONVERSIONS:
     return key, 'same'
-  return METRIC_ALIASES.get(key, (name, None))
+  if key in METRIC_ALIASES:
+    return METRIC_ALIASES[key]
+  return _job_rate(key) or (name, None)
 
 
 #: FLOP conventions (the ``flops_convention`` setting).
@@ -142,7 +172,7 @@ FLOPS_CONVENTION_TEXT = {
 }
 
 #: Keys of the ``assumptions`` override column: settings (see
-#: :data:`calculon.validation.conventions.SETTINGS`) and the older names
+#: :func:`calculon.validation.conventions.setting_names`) and the older names
 #: (vp, micro_batch_size, recompute, seq_parallel, optimizer_sharding).
 ASSUMPTION_ALIASES = {
   'vp': 'pipeline_interleaving', 'micro_batch_size': 'microbatch_size',
@@ -421,9 +451,10 @@ class Mapper:
     conventions: a :class:`~calculon.validation.conventions.Conventions`.
   """
 
-  def __init__(self, base_dir, conventions):
+  def __init__(self, base_dir, conventions, framework=None):
     self.base_dir = base_dir
     self.conv = conventions
+    self.framework = framework
     self._models = {}
     self._systems = {}
 
@@ -762,40 +793,33 @@ class Mapper:
       'weight_offload': False, 'activations_offload': False,
       'optimizer_offload': False, 'training': True,
     })
-    for key in ('checkpoint_layout', 'optimizer_traffic'):
-      if self.conv.defaults.get(key):
-        fixed[key] = self.conv.defaults[key]
-        case.assume(key, fixed[key], 'the conventions default')
-    # Settings a rule fixes (never searched); the MoE ones only for MoE.
-    narrow = fixed.get('precision_recipe') == 'transformer_engine'
-    fsdp = dp * cp > 1 and 'data_par_sharding' in settings and \
-      settings['data_par_sharding'][0] in ('parameters', ['parameters'])
-    for key in ('moe_dispatcher', 'expert_imbalance', 'gradient_datatype',
-                'param_gather_overlap', 'tensor_par_async_backward',
-                'tensor_par_overlap_rs_dgrad', 'tensor_par_narrow_all_gather',
-                'narrow_param_gather',
-                'quantization_scaling',
-                'fsdp_buffer_copies', 'cross_entropy_kernel',
-                'moe_probs_in_activation', 'wide_saved_inputs',
-                'pipeline_par_overlap', 'fused_dropout_add'):
-      # The scaling the dtype column names (datatypes table) wins.
-      if key == 'quantization_scaling' and (not narrow or key in fixed):
+    # The framework: its preset fills every field the row and the rules
+    # leave out (resolved per candidate, :func:`candidate_columns`).
+    if self.framework is not None:
+      fixed['framework'] = self.framework
+      why = 'the --framework option'
+    elif 'framework' in settings:
+      value, why = settings['framework']
+      fixed['framework'] = value[0] if isinstance(value, list) else value
+    else:
+      fixed['framework'] = self.conv.defaults.get('framework', 'common')
+      why = 'no rule names the framework of the source: the conventions ' \
+        'default'
+    case.assume('framework', fixed['framework'], why)
+    # Other execution fields a rule fixes (never searched): a value the
+    # row's columns fixed wins (the dtype column's scaling); the MoE ones
+    # only for MoE; the pipeline split only with PP.
+    for key, (value, why) in settings.items():
+      if key not in OPTIONAL_SPECS or key in AXES or \
+          key in ('expert_tensor_par',) or (
+            key in fixed and key in _DATATYPE_TABLE_FIELDS):
         continue
-      # Narrow all-gathers and widened kept inputs exist only where the
-      # GEMMs take narrow inputs.
-      if key in ('tensor_par_narrow_all_gather', 'narrow_param_gather',
-                 'wide_saved_inputs') and not narrow:
+      if key.startswith(('moe_', 'expert_')) and not app.get('num_experts'):
         continue
-      # FSDP's copies exist only where the rule shards the parameters.
-      if key == 'fsdp_buffer_copies' and not fsdp:
+      if key == 'pipeline_split_counts_vocab' and pp == 1:
         continue
-      if key in settings and (app.get('num_experts') or
-                              not key.startswith(('moe_', 'expert_'))):
-        value, why = settings[key]
-        fixed[key] = value[0] if isinstance(value, list) else value
-        case.assume(key, fixed[key], why)
-    if pp > 1 and 'pipeline_split_counts_vocab' in settings:
-      self._vocab_split(case, settings['pipeline_split_counts_vocab'], pp)
+      fixed[key] = value[0] if isinstance(value, list) else value
+      case.assume(key, fixed[key], why)
     if 'attention_implementation' in settings:
       value, why = settings['attention_implementation']
       kernel = value[0] if isinstance(value, list) else value
@@ -817,24 +841,6 @@ class Mapper:
       case.approximations.append('FLOP conversion of the measured figure '
                                  'approximate')
     self._axes(case, settings, tp, pp, dp, cp, batch)
-
-  @staticmethod
-  def _vocab_split(case, setting, pp):
-    """Sets ``pipeline_split_counts_vocab`` from a rule's 'always', 'never'
-    or 'when_uneven': true where only that split of the blocks over PP
-    times the row's VP is even (see
-    :func:`calculon.llm.space.only_vocab_split_is_even`)."""
-    value, why = setting
-    value = value[0] if isinstance(value, list) else value
-    blocks = case.app['num_blocks']
-    vp = number(case.row.get('vp')) or 1
-    if value == 'when_uneven':
-      if not only_vocab_split_is_even(blocks, pp * vp):
-        return
-      why = (f'{why}; PP x VP = {pp * vp} divides the {blocks} blocks plus '
-             'the embedding and the loss, not the blocks alone')
-    case.fixed['pipeline_split_counts_vocab'] = value != 'never'
-    case.assume('pipeline_split_counts_vocab', value != 'never', why)
 
   def _axes(self, case, settings, tp, pp, dp, cp, batch):
     row, app, axes = case.row, case.app, case.axes
@@ -871,7 +877,7 @@ class Mapper:
         axes['microbatch_size'] = from_rule('microbatch_size', ok, ok)
     # Interleaving.
     blocks = app['num_blocks']
-    if case.fixed.get('pipeline_split_counts_vocab'):
+    if pp > 1 and _counts_vocab(case, pp, number(row.get('vp')) or 1):
       blocks += 2
     per_stage = -(-blocks // pp)
     divisors = _factors(per_stage)
@@ -970,6 +976,40 @@ class Mapper:
         case.assume(key, list(axes[key]), 'unknown: searched')
 
 
+#: Fields the datatypes table sets from the dtype column (a row's fact: a
+#: rule does not override them).
+_DATATYPE_TABLE_FIELDS = ('datatype', 'precision_recipe',
+                          'quantization_scaling')
+
+
+class AppFacts:
+  """What a preset's conditions read of an application JSON object:
+  ``num_blocks``, ``has_vocab``, ``is_moe``."""
+
+  def __init__(self, app):
+    self.num_blocks = app['num_blocks']
+    self.has_vocab = app.get('vocab_size') is not None
+    self.is_moe = app.get('num_experts') is not None
+
+
+def preset_of(case):
+  """The framework preset of ``case`` (:mod:`calculon.frameworks`)."""
+  from calculon import frameworks
+  return frameworks.load(case.fixed.get('framework', 'common'))
+
+
+def _counts_vocab(case, pp, vp):
+  """Whether the pipeline split of ``case`` counts the embedding and the
+  loss as a block each, with PP ``pp`` and VP ``vp``: as the row's rules
+  fixed it, else as its framework does."""
+  if 'pipeline_split_counts_vocab' in case.fixed:
+    return bool(case.fixed['pipeline_split_counts_vocab'])
+  from calculon.frameworks.resolve import rule_value
+  return bool(rule_value(preset_of(case), AppFacts(case.app),
+                         'pipeline_split_counts_vocab', pipeline_par=pp,
+                         pipeline_interleaving=vp))
+
+
 def metric_needs_flops(metric):
   return metric in ('tflops_per_gpu', 'mfu_pct')
 
@@ -980,7 +1020,7 @@ def _parse_assumptions(row, row_id):
   Raises:
     ConfigError: a part without '=', an unknown key or a bad value.
   """
-  from calculon.validation.conventions import SETTINGS, _check_setting
+  from calculon.validation.conventions import _check_setting, setting_names
   out = {}
   for part in text(row.get('assumptions')).split(';'):
     part = part.strip()
@@ -989,7 +1029,7 @@ def _parse_assumptions(row, row_id):
     key, sep, value = part.partition('=')
     key, value = key.strip(), value.strip()
     key = ASSUMPTION_ALIASES.get(key, key)
-    allowed = tuple(SETTINGS) + ('seq_parallel',)
+    allowed = setting_names() + ('seq_parallel',)
     if not sep or key not in allowed:
       raise ConfigError(
         f"row {row_id}: field 'assumptions' = {part!r} is not allowed: "
@@ -1096,10 +1136,10 @@ def candidate_columns(case):
   """:class:`~calculon.config.ExecutionColumns` of every execution searched
   for ``case``: each searched setting varies along its own axis (in
   :data:`AXES` order), so the engine prices the grid without repeating
-  work; ``seq_par_ag_redo`` follows Megatron-LM (with sequence parallelism
-  the all-gathered input of a linear layer is not kept but gathered again
-  in the backward pass, unless the whole block is recomputed)."""
+  work; the fields neither the row nor a rule fixes are the framework's
+  (:func:`calculon.frameworks.resolve.resolve_columns`, per candidate)."""
   from calculon.config import ExecutionColumns
+  from calculon.frameworks.resolve import resolve_columns
   n = len(AXES)
   cols = {}
   for i, key in enumerate(AXES):
@@ -1115,8 +1155,12 @@ def candidate_columns(case):
     shape[i] = len(values)
     cols[key] = arr.reshape(shape)
   for key, value in case.fixed.items():
+    if key == 'framework':
+      continue
     names = CATEGORIES.get(key)
-    if names is not None:
+    if key == 'recompute_modules':
+      cols[key] = np.int64(RECOMPUTE_MODULE_SETS.index(value))
+    elif names is not None:
       cols[key] = np.int64(names.index(value))
     elif isinstance(value, bool):
       cols[key] = np.bool_(value)
@@ -1124,31 +1168,59 @@ def candidate_columns(case):
       cols[key] = np.float64(value)
     else:
       cols[key] = np.int64(value)
-  cols['seq_par_ag_redo'] = (cols['tensor_par_comm_type'] == TP_COMM_RS_AG) \
-    & (cols['activation_recompute'] != RECOMPUTE_FULL)
-  # An untiled input-gradient reduce-scatter qualifies a tiled TP overlap:
-  # candidates without one keep the field's absent value.
-  if 'tensor_par_overlap_rs_dgrad' in cols:
-    cols['tensor_par_overlap_rs_dgrad'] = cols['tensor_par_overlap_rs_dgrad'] \
-      | (cols['tensor_par_overlap'] == TP_OVERLAP_NAMES.index('none'))
+  # Resolved by the framework (Calculon requires the column).
+  cols.setdefault('seq_par_ag_redo', np.bool_(False))
   cols['optimizer_sharding'] = None
   cols['attention_type'] = None
   missing = [f for f in FIELDS if f not in cols]
   if missing:
     raise AssertionError(f'candidate columns miss {missing}')
-  return ExecutionColumns(**cols)
+  exe = ExecutionColumns(**cols)
+  written = (set(case.fixed) | set(AXES)) - {'framework'}
+  return resolve_columns(preset_of(case), AppFacts(case.priced_app), exe,
+                         written)
+
+
+def candidate_allowed(case, exe):
+  """Bool array over ``exe`` (:func:`candidate_columns`): the candidates
+  the row's framework supports (its options, offload kinds and
+  constraints: :func:`calculon.frameworks.resolve.allowed_mask`); the
+  others are not priced."""
+  from calculon.frameworks.resolve import allowed_mask
+  return np.broadcast_to(allowed_mask(preset_of(case), AppFacts(
+    case.priced_app), exe), exe.shape)
+
+
+def records_columns(case, records):
+  """:class:`~calculon.config.ExecutionColumns` (1-d) of execution records
+  of ``case`` (:func:`execution_at`), the framework's fields resolved as in
+  :func:`candidate_columns`."""
+  from calculon.config import ExecutionColumns
+  from calculon.frameworks.resolve import resolve_columns
+  records = [dict(r, optimizer_sharding=r.get('optimizer_sharding'),
+                  attention_type=r.get('attention_type')) for r in records]
+  cols = ExecutionColumns.from_records(records)
+  written = (set(case.fixed) | set(AXES) | {'seq_par_ag_redo'}) - \
+    {'framework'}
+  return resolve_columns(preset_of(case), AppFacts(case.priced_app), cols,
+                         written)
 
 
 def execution_at(case, index):
   """The JSON execution at grid ``index`` (a tuple) of
-  :func:`candidate_columns`."""
+  :func:`candidate_columns`: the fields the row and its rules fix, the
+  searched ones, Calculon's (``seq_par_ag_redo`` as the framework sets
+  it) and ``framework``; the framework's other fields are left out (they
+  resolve to the same values)."""
   exe = dict(case.fixed)
   for key, i in zip(AXES, index):
     exe[key] = case.axes[key][i]
-  exe['seq_par_ag_redo'] = (exe['tensor_par_comm_type'] == 'rs_ag' and
-                            exe['activation_recompute'] != 'full')
-  if exe['tensor_par_overlap'] == 'none':
-    exe.pop('tensor_par_overlap_rs_dgrad', None)
+  if 'seq_par_ag_redo' not in exe:
+    from calculon.frameworks.resolve import rule_value
+    exe['seq_par_ag_redo'] = bool(rule_value(
+      preset_of(case), AppFacts(case.priced_app), 'seq_par_ag_redo',
+      tensor_par_comm_type=exe['tensor_par_comm_type'],
+      activation_recompute=exe['activation_recompute']))
   if 'recompute_modules' in exe:
     exe['recompute_modules'] = json_value('recompute_modules',
                                           exe['recompute_modules'])

@@ -148,13 +148,15 @@ def layer_time_s(ev):
 def case_times(case, system):
   """(times, feasible, reason codes) arrays over the candidate grid of
   ``case`` on ``system`` (a :class:`~calculon.hardware.System`): batch
-  time, or the layer time for per-layer measurements.
+  time, or the layer time for per-layer measurements (NaN for a candidate
+  the row's framework does not support).
 
   Raises:
     ConfigError: a candidate does not fit the application or the system
       (TP not dividing the heads, an expert count EP does not divide...).
   """
   from calculon.llm import evaluate_columns
+  from calculon.validation.mapping import candidate_allowed
   exe = candidate_columns(case)
   ev = evaluate_columns(case.priced_app, system, exe,
                         source=f'run {case.id}')
@@ -164,7 +166,9 @@ def case_times(case, system):
       t = layer_time_s(ev)
     else:
       t = ev.total_time_s
-  t = np.broadcast_to(np.asarray(t, dtype=float), shape)
+  # What the framework does not support is not a candidate.
+  t = np.where(candidate_allowed(case, exe),
+               np.broadcast_to(np.asarray(t, dtype=float), shape), np.nan)
   feasible = np.broadcast_to(ev.feasible, shape) & np.isfinite(t)
   reason = np.broadcast_to(ev.reason, shape)
   return t, feasible, reason, ev
@@ -220,17 +224,19 @@ class Suite:
     paths: runs CSV file(s) (default: the bundled ones).
     conventions: path of the conventions file (default
       ``base_dir/validation/conventions.yaml``).
+    framework: a preset every row is priced under (default: the one its
+      source's rule names, see the conventions).
 
   Attributes: frame (the rows), cases (:class:`~calculon.validation.
   mapping.Case` per row, their ``measured_s`` set), mapper.
   """
 
-  def __init__(self, base_dir, paths=None, conventions=None):
+  def __init__(self, base_dir, paths=None, conventions=None, framework=None):
     self.base_dir = base_dir
     self.paths = list(paths) if paths else default_runs(base_dir)
     conv = conventions_mod.load(conventions or
                                 conventions_mod.default_path(base_dir))
-    self.mapper = Mapper(base_dir, conv)
+    self.mapper = Mapper(base_dir, conv, framework)
     self.frame = read_runs(self.paths)
     self._systems = {}
     self.cases = []

@@ -1,0 +1,143 @@
+"""What a framework requires of an execution, beyond what it supports.
+
+Provides :class:`Constraint` (one check a preset names, with its source)
+and :data:`KINDS` (the checks, each vectorized over execution columns).
+Reads :mod:`calculon.config.execution` (the columns' fields).
+
+A preset lists its constraints as ``{"check": KIND, "value": N, "source":
+"..."}``.  The search leaves executions that break one out of the space
+(they are not counted); a single execution that breaks one is refused with
+a message naming the check and its source.
+"""
+
+import numpy as np
+
+from calculon.errors import ConfigError
+
+
+def _microbatches(c):
+  return (c.batch_size // c.data_par) // c.microbatch_size
+
+
+def _interleaved_microbatches_multiple_of_pp(c, app, value):
+  return (c.pipeline_interleaving > 1) & (_microbatches(c) % c.pipeline_par
+                                          != 0)
+
+
+def _interleaved_min_pp(c, app, value):
+  return (c.pipeline_interleaving > 1) & (c.pipeline_par < value)
+
+
+def _microbatches_at_least_pp(c, app, value):
+  return (c.pipeline_par > 1) & (_microbatches(c) < c.pipeline_par)
+
+
+def _interleaved_min_blocks_per_stage(c, app, value):
+  blocks = -(-app.num_blocks // c.pipeline_par)
+  return (c.pipeline_interleaving > 1) & (
+    blocks // np.maximum(c.pipeline_interleaving, 1) < value)
+
+
+def _activation_offload_without_pp_or_recompute(c, app, value):
+  from calculon.config.execution import RECOMPUTE_NONE
+  return np.asarray(c.activations_offload, dtype=bool) & (
+    (c.pipeline_par > 1) | (c.activation_recompute != RECOMPUTE_NONE))
+
+
+def _weight_offload_needs_parameter_sharding(c, app, value):
+  from calculon.config.execution import SHARD_PARAMETERS
+  return np.asarray(c.weight_offload, dtype=bool) & (
+    c.sharding != SHARD_PARAMETERS)
+
+
+#: kind -> (bad(columns, application, value) -> bool array, text of what is
+#: required (``{value}`` substituted), needs a value).
+KINDS = {
+  'interleaved_microbatches_multiple_of_pp': (
+    _interleaved_microbatches_multiple_of_pp,
+    'with pipeline_interleaving > 1 the microbatches per replica '
+    '(batch_size / data_par / microbatch_size) must be a multiple of '
+    'pipeline_par', False),
+  'interleaved_min_pp': (
+    _interleaved_min_pp,
+    'pipeline_interleaving > 1 needs pipeline_par >= {value}', True),
+  'microbatches_at_least_pp': (
+    _microbatches_at_least_pp,
+    'with pipeline_par > 1 the microbatches per replica must be at least '
+    'pipeline_par', False),
+  'activation_offload_without_pp_or_recompute': (
+    _activation_offload_without_pp_or_recompute,
+    'activations offload only with pipeline_par = 1 and no recomputation',
+    False),
+  'weight_offload_needs_parameter_sharding': (
+    _weight_offload_needs_parameter_sharding,
+    'weights offload only with data_par_sharding "parameters"', False),
+  'interleaved_min_blocks_per_stage': (
+    _interleaved_min_blocks_per_stage,
+    'with pipeline_interleaving > 1 each virtual stage needs at least '
+    '{value} block(s)', True),
+}
+
+
+class Constraint:
+  """One check of :data:`KINDS` with its value and source."""
+
+  __slots__ = ('check', 'value', 'source')
+
+  def __init__(self, check, value, source):
+    self.check, self.value, self.source = check, value, source
+
+  @classmethod
+  def read(cls, source, where, raw):
+    """Reads ``{"check": KIND, "value": N, "source": "..."}``.
+
+    Raises:
+      ConfigError: an unknown kind, a missing or bad value.
+    """
+    from calculon.config._schema import Reader, Spec
+    reader = Reader(raw, source, where)
+    check = reader.get('check', Spec('str', choices=tuple(KINDS)))
+    value = None
+    if KINDS[check][2]:
+      value = reader.get('value', Spec('int', lo=1))
+    text = reader.get('source', Spec('str')) if 'source' in raw else ''
+    reader.finish()
+    return cls(check, value, text)
+
+  def bad(self, columns, app):
+    """Bool array (broadcast over the columns): executions breaking it."""
+    return KINDS[self.check][0](columns, app, self.value)
+
+  @property
+  def text(self):
+    """What it requires, in words."""
+    return KINDS[self.check][1].format(value=self.value)
+
+
+def check(preset, columns, app, source='<execution>'):
+  """Raises ConfigError for the first constraint of ``preset`` an execution
+  of ``columns`` breaks.
+
+  Raises:
+    ConfigError: names the framework, what it requires and its source.
+  """
+  for con in preset.constraints:
+    bad = np.asarray(con.bad(columns, app))
+    if bad.any():
+      field = 'pipeline_interleaving' if 'interleav' in con.check else \
+        'activations_offload' if 'activation_offload' in con.check else \
+        'weight_offload' if 'weight_offload' in con.check else \
+        'microbatch_size'
+      raise ConfigError(
+        f"{source}: field '{field}' is not allowed with framework "
+        f"'{preset.name}': {con.text}"
+        + (f' ({con.source})' if con.source else ''),
+        source=source, field=field)
+
+
+def mask(preset, columns, app):
+  """Bool array: executions meeting every constraint of ``preset``."""
+  ok = np.True_
+  for con in preset.constraints:
+    ok = ok & ~np.asarray(con.bad(columns, app))
+  return ok
