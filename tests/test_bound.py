@@ -47,6 +47,9 @@ MODELS = ('llama3-8B', 'llama2-7B', 'qwen3-30B-A3B', 'mixtral-8x7B')
 #: overheads (per microbatch and per MoE block).
 SYSTEMS = ('h100_sxm_80g', 'gb200_nvl72', 'h100_sxm_80g_calibrated')
 PROCS = (8, 16, 32, 64, 128, 256)
+#: Presets: every option and level ('common'), and two that set behaviours
+#: conditioned on the options (precision, sharding, TP overlap).
+FRAMEWORKS = ('common', 'megatron-core', 'torchtitan')
 BATCHES = (16, 64, 256, 1024)
 #: Random cells of a group's grid per example (each priced over every
 #: inner combination).
@@ -73,10 +76,10 @@ def _system(name):
 
 
 @functools.lru_cache(maxsize=None)
-def _groups(model, system, procs, batch, datatype):
+def _groups(model, system, procs, batch, datatype, framework='common'):
   spec = S.SearchSpec(app=_app(model), system=_system(system),
                       num_procs=procs, max_batch_size=batch,
-                      datatype=datatype, space='modern')
+                      datatype=datatype, framework=framework)
   return spec, [g for g in S.groups(spec) if g.size]
 
 
@@ -104,14 +107,13 @@ def check_bounds(spec, group, seed):
   rng = np.random.default_rng(seed)
   cells = rng.integers(0, group.shape, size=(CELLS, naxes))
   full = P.expand(cells, group, axes)
-  cols = P.flat_columns(spec, group, full, S.columns(spec, S.Chunk(group,
-                                                                   ())))
+  cols = P.flat_columns(spec, group, full)
   n = len(full)
   with np.errstate(all='ignore'):
     rate, reason = _rate_reason(Evaluation(spec.app, spec.system, cols), n)
   # Where the bound matters: enumerated executions the engine prices
   # (infeasible for memory included: memory changes no time).
-  covered = np.broadcast_to(S.valid_mask(cols), (n,)) & np.isfinite(rate) \
+  covered = np.broadcast_to(S.valid_mask(cols, spec), (n,)) & np.isfinite(rate) \
     & ~np.isin(reason, STRUCTURAL)
   at = full.copy()
   at[:, inner] = 0
@@ -125,7 +127,7 @@ def check_bounds(spec, group, seed):
   # totals as the search does.
   red = cells.copy()
   red[:, inner] = 0
-  rcols = P.flat_columns(spec, reduced, red, base)
+  rcols = P.flat_columns(spec, reduced, red)
   with np.errstate(all='ignore'):
     ev2 = Evaluation.reusing_totals(ev1, rcols, list(red.T))
     l2 = np.broadcast_to(P.reduced_bound(
@@ -142,7 +144,7 @@ def check_bounds(spec, group, seed):
   assert not (np.isneginf(bound2) & (reason == OK)).any()
   # Pricing with the level-1 totals (as the search prices the survivors)
   # gives the fresh rates.
-  again, why = P.price_flat(spec, cols, None, ev1, list(full.T))
+  again, why, _ = P.price_flat(spec, cols, None, ev1, list(full.T))
   same = np.isfinite(rate)
   np.testing.assert_array_equal(again[same], rate[same])
   np.testing.assert_array_equal(why, np.where(
@@ -153,10 +155,11 @@ def check_bounds(spec, group, seed):
 @BOUND
 @given(model=st.sampled_from(MODELS), system=st.sampled_from(SYSTEMS),
        procs=st.sampled_from(PROCS), batch=st.sampled_from(BATCHES),
-       datatype=st.sampled_from(('bfloat16', 'float8')), data=st.data())
+       datatype=st.sampled_from(('bfloat16', 'float8')),
+       framework=st.sampled_from(FRAMEWORKS), data=st.data())
 def test_bounds_never_below_a_priced_rate(model, system, procs, batch,
-                                          datatype, data):
-  spec, groups = _groups(model, system, procs, batch, datatype)
+                                          datatype, framework, data):
+  spec, groups = _groups(model, system, procs, batch, datatype, framework)
   if not groups:
     return
   group = data.draw(st.sampled_from(groups), label='group')

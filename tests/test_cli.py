@@ -142,14 +142,14 @@ def test_optimal_execution_json(readme_search):
 
 
 def test_search_fsdp_buffer_copies_flag(tmp_path):
-  """--fsdp-buffer-copies through a real subprocess: FSDP candidates carry
+  """--set fsdp_buffer_copies=true through a real subprocess: FSDP candidates carry
   the field (the others leave it out) and the best FSDP execution runs as a
   single execution, its copies in the report."""
   model = repo('models', 'llama3-70B.json')
   system = repo('systems', 'h100_sxm_80g.json')
   out = tmp_path / 'best.json'
   res = run_cli('llm-optimal-execution', model, 16, 32, 'bfloat16', system,
-                out, '-q', '-t', '40', '--fsdp-buffer-copies')
+                out, '-q', '-t', '40', '--set', 'fsdp_buffer_copies=true')
   assert res.returncode == 0, res.stderr
   best = load_json(out)
   fsdp = [b['execution'] for b in best.values()

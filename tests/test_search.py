@@ -173,7 +173,8 @@ def test_a_candidate_that_raises_does_not_stop_the_search(monkeypatch):
       if np.all(exe.tensor_par == 4) and np.any(exe.microbatch_size == 2):
         raise ZeroDivisionError('injected failure')
 
-  monkeypatch.setattr(S, 'Evaluation', Broken)
+  from calculon.search import exhaustive
+  monkeypatch.setattr(exhaustive, 'Evaluation', Broken)
   result = S.optimal_executions(sp, 50, workers=1)
   n_mbs2 = 0
   for g in result.groups:
@@ -273,8 +274,8 @@ def _records_per_value(search, name):
     if name not in group.axes:
       continue
     axis = group.axes.index(name)
-    valid = np.broadcast_to(S.valid_mask(S.columns(search, S.Chunk(group, ()))),
-                            group.shape)
+    valid = np.broadcast_to(S.valid_mask(S.columns(search, S.Chunk(group, ())),
+                                         search), group.shape)
     for k in range(len(group.values[name])):
       flat = np.flatnonzero(np.take(valid, [k], axis=axis))
       if not len(flat):
@@ -286,6 +287,14 @@ def _records_per_value(search, name):
                                int(np.ravel_multi_index(idx, group.shape)))
       Execution.from_dict(rec)
       yield rec
+
+
+def resolved(search, rec):
+  """A search record as ``calculon llm`` resolves it (its framework's
+  preset filling what it leaves out)."""
+  from calculon.config import Execution
+  from calculon.frameworks import resolve_execution
+  return resolve_execution(search.app, Execution.from_dict(rec))[0]
 
 
 def test_search_with_recompute_modules():
@@ -331,30 +340,33 @@ def test_search_with_fsdp_buffer_copies():
               system=System(_modern_system()), num_procs=4, max_batch_size=4,
               datatype='float16', space='modern')
   full = S.optimal_executions(S.SearchSpec(prune=False,
-                                           fsdp_buffer_copies=True, **spec),
+                                           fields={'fsdp_buffer_copies': True}, **spec),
                               40)
   pruned = S.optimal_executions(S.SearchSpec(prune=True,
-                                             fsdp_buffer_copies=True,
+                                             fields={'fsdp_buffer_copies': True},
                                              **spec), 40)
   assert pruned.best == full.best
   base = S.optimal_executions(S.SearchSpec(prune=False, **spec), 40)
   assert full.best[0][0] <= base.best[0][0]
-  search = S.SearchSpec(prune=True, fsdp_buffer_copies=True, **spec)
+  search = S.SearchSpec(prune=True, fields={'fsdp_buffer_copies': True}, **spec)
   seen = set()
   for rec in _records_per_value(search, 'data_par_sharding'):
-    seen.add(rec['data_par_sharding'])
-    if rec['data_par_sharding'] == 'parameters':
+    exe = resolved(search, rec)
+    seen.add(exe.data_par_sharding)
+    if exe.data_par_sharding == 'parameters':
       assert rec['fsdp_buffer_copies'] is True
     else:
       assert 'fsdp_buffer_copies' not in rec
+      assert exe.fsdp_buffer_copies is False
   assert {'parameters', 'optimizer'} <= seen
 
 
 def test_search_gathers_narrow_inputs_with_transformer_engine():
   """The modern space's Transformer Engine candidates all-gather their
   quantized GEMM inputs (TE gathers the FP8 norm output and output
-  gradient), so their records carry tensor_par_narrow_all_gather; a
-  16-bit search's records leave it out; pruning stays exact."""
+  gradient): their records name the framework, whose preset sets
+  tensor_par_narrow_all_gather (the records leave behaviours out); a
+  16-bit search's candidates do not gather narrow; pruning stays exact."""
   cfg = load_json(repo('systems', 'h100_sxm_80g.json'))
   spec = dict(app=Application.from_dict(MODERN_APP), system=System(cfg),
               num_procs=4, max_batch_size=4, space='modern')
@@ -363,16 +375,19 @@ def test_search_gathers_narrow_inputs_with_transformer_engine():
   pruned = S.optimal_executions(S.SearchSpec(prune=True, **narrow), 20)
   assert pruned.best == full.best
   seen = 0
-  for rec in _records_per_value(S.SearchSpec(prune=True, **narrow),
-                                'activation_recompute'):
-    assert rec['precision_recipe'] == 'transformer_engine'
-    assert rec['tensor_par_narrow_all_gather'] is True
+  search = S.SearchSpec(prune=True, **narrow)
+  for rec in _records_per_value(search, 'activation_recompute'):
+    assert rec['framework'] == 'megatron-core'
+    assert 'tensor_par_narrow_all_gather' not in rec
+    exe = resolved(search, rec)
+    assert exe.precision_recipe == 'transformer_engine'
+    assert exe.tensor_par_narrow_all_gather is True
     seen += 1
   assert seen
   wide = S.SearchSpec(prune=True, **dict(spec, datatype='bfloat16'))
   seen = 0
   for rec in _records_per_value(wide, 'activation_recompute'):
-    assert 'tensor_par_narrow_all_gather' not in rec
+    assert resolved(wide, rec).tensor_par_narrow_all_gather is False
     seen += 1
   assert seen
 
@@ -387,17 +402,18 @@ def test_search_with_unfused_cross_entropy():
               datatype='float16', space='modern')
   base = S.optimal_executions(S.SearchSpec(prune=True, **spec), 5)
   full = S.optimal_executions(S.SearchSpec(
-    prune=False, cross_entropy_kernel='unfused', **spec), 5)
+    prune=False, fields={'cross_entropy_kernel': 'unfused'}, **spec), 5)
   pruned = S.optimal_executions(S.SearchSpec(
-    prune=True, cross_entropy_kernel='unfused', **spec), 5)
+    prune=True, fields={'cross_entropy_kernel': 'unfused'}, **spec), 5)
   assert pruned.best == full.best
   assert full.best[0][0] < base.best[0][0]
-  search = S.SearchSpec(prune=True, cross_entropy_kernel='unfused', **spec)
+  search = S.SearchSpec(prune=True,
+                        fields={'cross_entropy_kernel': 'unfused'}, **spec)
   recs = list(_records_per_value(search, 'activation_recompute'))
   assert recs and all(r['cross_entropy_kernel'] == 'unfused' for r in recs)
   with pytest.raises(ConfigError, match="'cross_entropy_kernel' = \"apex\" "
                      'is not allowed: one of "fused", "unfused"'):
-    S.SearchSpec(cross_entropy_kernel='apex', **spec)
+    S.SearchSpec(fields={'cross_entropy_kernel': 'apex'}, **spec)
 
 
 def test_space_option_keeps_calculon_searches():
@@ -425,13 +441,12 @@ def test_modern_search_counts_the_vocabulary_where_only_that_splits_evenly():
   flags = {}
   for group in S.groups(search):
     cols = S.columns(search, S.Chunk(group, ()))
-    flags[group.pp] = bool(getattr(cols, 'pipeline_split_counts_vocab',
-                                   False))
+    flags[group.pp] = bool(np.all(cols.pipeline_split_counts_vocab))
   assert flags == {1: False, 2: False, 3: True, 6: False}
   recs = [r for r in _records_per_value(search, 'activation_recompute')
           if r['pipeline_par'] == 3]
-  assert recs and all(r['pipeline_split_counts_vocab'] is True
-                      for r in recs)
+  assert recs and all(resolved(search, r).pipeline_split_counts_vocab
+                      is True for r in recs)
   full = S.optimal_executions(S.SearchSpec(prune=False, **spec), 60)
   pruned = S.optimal_executions(search, 60)
   assert pruned.best == full.best

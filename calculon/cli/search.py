@@ -37,6 +37,42 @@ class _Datatypes:
     return value in self._names()
 
 
+def field_value(arg):
+  """argparse type of --set: FIELD=VALUE, the value read as JSON (true,
+  4, "text") or else as text; returns (field, value)."""
+  import json
+  name, sep, text = arg.partition('=')
+  if not sep or not name.strip():
+    raise argparse.ArgumentTypeError(f'invalid value {arg!r}: use '
+                                     'FIELD=VALUE')
+  try:
+    value = json.loads(text)
+  except ValueError:
+    value = text
+  return name.strip(), value
+
+
+def degrees(arg):
+  """argparse type of --tp/--pp/--dp/--cp/--ep/--mbs: 'N', 'N-M' or
+  'N,M,...' (items may be ranges), integers >= 1; returns a sorted tuple
+  of (low, high) ranges."""
+  ranges = []
+  for item in arg.split(','):
+    lo, sep, hi = item.strip().partition('-')
+    try:
+      lo = int(lo)
+      hi = int(hi) if sep else lo
+    except ValueError:
+      raise argparse.ArgumentTypeError(
+        f'invalid value {arg!r}: use N, N-M or N,M,... (integers >= 1)') \
+        from None
+    if lo < 1 or hi < lo:
+      raise argparse.ArgumentTypeError(
+        f'invalid value {arg!r}: each range N-M needs 1 <= N <= M')
+    ranges.append((lo, hi))
+  return tuple(sorted(ranges))
+
+
 def true_false_both(arg):
   """Calculon's -f values: true, false or both."""
   if arg in ('t', 'true', 'T', 'True', '1'):
@@ -90,12 +126,13 @@ def _common(p, formats):
                  default=None, help='modern space: precision recipe of '
                  "every candidate (default: 'transformer_engine' for float8 "
                  "and float4, else 'uniform')")
-  p.add_argument('--quantization-scaling', default='delayed',
+  p.add_argument('--quantization-scaling', default=None,
                  choices=('delayed', 'current', 'block'),
                  help='modern space, Transformer Engine recipe: how the '
-                 "casts to the narrow datatype find their scales ('delayed', "
-                 "the default: from earlier steps' amax; 'current': an amax "
-                 "pass before each cast; 'block': MXFP8/NVFP4 block scales)")
+                 "casts to the narrow datatype find their scales ('delayed': "
+                 "from earlier steps' amax; 'current': an amax pass before "
+                 "each cast; 'block': MXFP8/NVFP4 block scales; default: the "
+                 "framework's)")
   p.add_argument('--recompute-modules', nargs='+', default=None,
                  choices=_RECOMPUTE_MODULES, metavar='MODULE',
                  help='modern space: what selective recomputation '
@@ -103,25 +140,32 @@ def _common(p, formats):
                  + ', '.join(_RECOMPUTE_MODULES) + '; alternate_linears: '
                  "PyTorch per-op selective checkpointing as torchtitan's "
                  "'op' policy; default: core_attn)")
-  p.add_argument('--fsdp-buffer-copies', action='store_true',
-                 help='modern space: FSDP candidates copy the gathered '
-                 'weights and the gradients on the compute stream, as '
-                 "PyTorch FSDP2 does (default: gathered and reduced in "
-                 'place, as Megatron-FSDP)')
-  p.add_argument('--cross-entropy-kernel', default='fused',
-                 choices=('fused', 'unfused'),
-                 help="modern space: the loss's kernels ('fused', the "
-                 "default: one kernel, as Megatron-Core's "
-                 "--cross-entropy-loss-fusion; 'unfused': float32 "
-                 'element-wise kernels, as PyTorch cross_entropy)')
-  p.add_argument('--gradient-datatype', default='float32',
+  p.add_argument('--set', action='append', default=[], type=field_value,
+                 metavar='FIELD=VALUE', dest='fields',
+                 help='modern space: every candidate takes this optional '
+                 'execution field (docs/reference/executions.md), over the '
+                 "framework's value, where it acts; repeatable (e.g. --set "
+                 'expert_imbalance=1.2)')
+  p.add_argument('--gradient-datatype', default=None,
                  choices=('float32', 'bfloat16', 'float16', 'calculon'),
                  help='modern space: gradients kept and reduced in this '
-                 "datatype (default float32, as Megatron-LM; 'calculon': in "
-                 'the datatype, with an fp32 accumulation buffer)')
+                 "datatype ('calculon': in the datatype, with an fp32 "
+                 "accumulation buffer; default: the framework's)")
   p.add_argument('--no-prune', action='store_true',
                  help='modern space: price every execution (no branch and '
                  'bound; same result, slower)')
+  p.add_argument('--framework', metavar='NAME', default=None,
+                 help='search the options of this framework preset, priced '
+                 'as it runs them (calculon frameworks lists them; default: '
+                 'calculon for a Calculon application, else megatron-core)')
+  for flag, what in (('--tp', 'tensor-parallel'), ('--pp', 'pipeline-'
+                     'parallel'), ('--dp', 'data-parallel'), ('--cp',
+                     'context-parallel'), ('--ep', 'expert-parallel'),
+                     ('--mbs', 'microbatch')):
+    p.add_argument(flag, type=degrees, default=None, metavar='N[-M][,...]',
+                   help=f'only these {what} sizes (N, N-M or N,M,...)')
+  p.add_argument('--no-offload', action='store_true',
+                 help='no weight, activation or optimizer offload')
 
 
 def add_parsers(sp):
@@ -151,24 +195,26 @@ def add_parsers(sp):
 
 def _spec(args):
   from calculon import io
-  from calculon.llm import search as S
+  from calculon.search import SearchSpec
   app = io.load_application(args.application)
   system = io.load_system(args.system)
   system.check_datatype(args.datatype)
-  grads = None if args.gradient_datatype == 'calculon' \
-    else args.gradient_datatype
-  return S.SearchSpec(app, system, args.num_procs, args.max_batch_size,
-                      args.datatype, list(args.fused_activation),
-                      mbs_break=args.mbs_break,
-                      allow_tp_overlap=not args.no_tp_overlap,
-                      allow_dp_overlap=not args.no_dp_overlap,
-                      space=args.space,
-                      precision_recipe=args.precision_recipe,
-                      quantization_scaling=args.quantization_scaling,
-                      recompute_modules=args.recompute_modules,
-                      fsdp_buffer_copies=args.fsdp_buffer_copies,
-                      cross_entropy_kernel=args.cross_entropy_kernel,
-                      gradient_datatype=grads, prune=not args.no_prune)
+  limits = {key: getattr(args, key) for key in ('tp', 'pp', 'dp', 'cp', 'ep',
+                                                'mbs')
+            if getattr(args, key) is not None}
+  return SearchSpec(app, system, args.num_procs, args.max_batch_size,
+                    args.datatype, list(args.fused_activation),
+                    mbs_break=args.mbs_break,
+                    allow_tp_overlap=not args.no_tp_overlap,
+                    allow_dp_overlap=not args.no_dp_overlap,
+                    space=args.space, framework=args.framework,
+                    limits=limits, no_offload=args.no_offload,
+                    precision_recipe=args.precision_recipe,
+                    quantization_scaling=args.quantization_scaling,
+                    recompute_modules=args.recompute_modules,
+                    gradient_datatype=args.gradient_datatype,
+                    fields=dict(args.fields),
+                    prune=not args.no_prune)
 
 
 class _Progress:
@@ -224,7 +270,7 @@ def run_optimal(args, log):
     return EXIT_OK
   total = S.count_space(spec)
   progress = _Progress(total, args.quiet)
-  log.info(f'Search space: {spec.space}')
+  log.info(f'Search space: {spec.space} (framework {spec.framework})')
   result = S.optimal_executions(spec, args.top_n, _cpus(args), args.chunk,
                                 progress)
   progress.close()

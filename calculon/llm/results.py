@@ -11,28 +11,39 @@ import math
 
 from calculon import io, outputs
 from calculon.errors import ConfigError
-from calculon.llm import search as S
 from calculon.llm.compat import Llm
+from calculon.search.grid import execution_record
 
 
 def best_to_output(spec, result, layers=False):
   """Calculon's output structure: {'0': {'execution': ..., 'stats': ...}}.
+
+  Each execution is priced again through the single-run API from the
+  record written (what ``calculon llm`` gives for it).  Under a preset
+  other than Calculon's, each entry also holds ``framework``: its name and
+  ``set``, what the preset set ({field: value}), and ``resolved``: every
+  field as priced.
 
   Raises:
     RuntimeError: a re-priced sample rate disagrees with the search (an
       internal inconsistency, never expected).
   """
   output = {}
-  for rank, (rate, gi, flat) in enumerate(result.best):
-    record = S.execution_record(spec, result.groups[gi], flat)
+  for rank, best in enumerate(result.best):
+    record = execution_record(spec, result.groups[best.group], best.flat)
     model = Llm(Llm.Application(spec.app))
     model.compile(spec.system, Llm.Execution.from_json(record))
     model.run(spec.system)
     stats = model.get_stats_json(layers)
-    if not math.isclose(stats['sample_rate'], rate, rel_tol=1e-12):
+    if not math.isclose(stats['sample_rate'], best.rate, rel_tol=1e-12):
       raise RuntimeError(f'search and single run disagree for {record}: '
-                         f"{rate} vs {stats['sample_rate']}")
-    output[str(rank)] = {'execution': record, 'stats': stats}
+                         f"{best.rate} vs {stats['sample_rate']}")
+    entry = {'execution': record, 'stats': stats}
+    if spec.modern:
+      entry['framework'] = {'name': spec.framework,
+                            'set': dict(model.framework_settings),
+                            'resolved': model.exe.config.to_dict()}
+    output[str(rank)] = entry
   return output
 
 
@@ -56,8 +67,10 @@ def write_best(output, filename, partial=False, rescue=False):
   import pandas as pd
   rows = []
   for key, entry in output.items():
-    row = dict(entry['execution'])
-    row.update({k: v for k, v in entry['stats'].items() if k != 'layers'})
+    row = dict(entry.get('framework', {}).get('resolved',
+                                              entry['execution']))
+    row.update({k: v for k, v in entry['stats'].items()
+                if k not in ('layers', 'framework_settings')})
     if partial:
       row['partial'] = True
     rows.append(row)

@@ -17,6 +17,11 @@ pricing them in full:
   16 inner combinations of each cell.
 * :func:`search_group`: the cells whose bound reaches the threshold
   are expanded over the inner axes and priced in full, as flat batches.
+* :func:`group_bound`: the level-1 bound of a whole group (the driver
+  orders and skips groups by it).
+
+Reads the grids (:mod:`calculon.search.grid`), the pricing of executions
+(:mod:`calculon.search.exhaustive`) and the engine.
 
 Every bound is a true lower bound of ``Evaluation.total_time_s`` (each
 function says why), so the top-n is exactly the exhaustive search's; a
@@ -43,6 +48,9 @@ from calculon.config import ExecutionColumns
 from calculon.llm.model import (
   Evaluation, OK, NON_FINITE, ENGINE_ERROR, NETWORK_TOO_SMALL,
   NETWORK_NOT_FILLED, INTERLEAVING_TOO_LARGE, INTERLEAVING_NOT_FACTOR)
+from calculon.search.exhaustive import ChunkResult
+from calculon.search.grid import (
+  Chunk, Group, axis_values, columns, count_valid, grid_columns, valid_mask)
 
 #: Axes whose options the level-2 bound covers from below (see module).
 INNER_AXES = ('data_par_overlap', 'weight_offload', 'activations_offload',
@@ -127,6 +135,28 @@ def reduced_values(group):
   return values
 
 
+def reduced_group(group):
+  """The group with its inner axes (:data:`INNER_AXES`) cut to one
+  value: the grid the level-2 bound is computed on."""
+  return Group(group.index, group.tp, group.pp, group.dp, group.batch_size,
+               reduced_values(group), group.cp, group.axes)
+
+
+def group_bound(spec, group):
+  """The level-1 bound of every execution of ``group`` (the largest
+  :func:`rate_bound` over its reduced grid; -inf for an empty group, +inf
+  when it cannot be bounded)."""
+  if group.size == 0:
+    return -np.inf
+  try:
+    with np.errstate(all='ignore'):
+      ev = Evaluation(spec.app, spec.system,
+                      columns(spec, Chunk(reduced_group(group), ())))
+      return max_bound(rate_bound(ev))
+  except Exception:  # noqa: BLE001 -- never prune what cannot be bounded
+    return np.inf
+
+
 def reduced_bound(ev, dp_overlap_possible):
   """Upper bound of the sample rate of every inner combination of each
   cell of a reduced grid (``ev`` priced with offloads off and no DP
@@ -171,53 +201,43 @@ def expand(cells, group, axes):
   return full
 
 
-def flat_columns(spec, group, full, base_cols):
+def flat_columns(spec, group, full):
   """:class:`ExecutionColumns` (1-d) of the executions at full indices
-  ``full`` of ``group``'s grid; ``base_cols`` gives the scalar columns."""
-  from calculon.llm.search import _BOOL_AXES
-  cols = {}
-  for name in vars(base_cols):
-    cols[name] = getattr(base_cols, name)
-  for i, name in enumerate(group.axes):
-    values = np.asarray(group.values[name],
-                        dtype=bool if name in _BOOL_AXES else np.int64)
-    cols[name] = values[full[:, i]]
-  cols['optimizer_sharding'] = None
-  return ExecutionColumns(**cols)
+  ``full`` (int array (K, axes)) of ``group``'s grid."""
+  return grid_columns(spec, group, {
+    name: axis_values(group, name)[full[:, i]]
+    for i, name in enumerate(group.axes)})
 
 
-def cell_columns(spec, group, cells, base):
+def cell_columns(spec, group, cells):
   """:class:`ExecutionColumns` of every inner combination of ``cells`` (int
   array (C, axes)): shape (C, n_1, ..., n_4), the cells along the first
   dimension, each inner axis along its own (so the block, which does not
   depend on the inner axes, is priced once per cell).  Returns (columns,
   shape); C-order flattening matches :func:`expand`."""
-  from calculon.llm.search import _BOOL_AXES
   axes = group.axes
   inner = [axes.index(a) for a in INNER_AXES]
   shape = (len(cells),) + tuple(len(group.values[a]) for a in INNER_AXES)
   nd = len(shape)
-  cols = {name: getattr(base, name) for name in vars(base)}
+  placed = {}
   for i, name in enumerate(axes):
-    values = np.asarray(group.values[name],
-                        dtype=bool if name in _BOOL_AXES else np.int64)
+    values = axis_values(group, name)
     dims = [1] * nd
     if i in inner:
       j = 1 + inner.index(i)
       dims[j] = len(values)
-      cols[name] = values.reshape(dims)
+      placed[name] = values.reshape(dims)
     else:
       dims[0] = len(cells)
-      cols[name] = values[cells[:, i]].reshape(dims)
-  cols['optimizer_sharding'] = None
-  return ExecutionColumns(**cols), shape
+      placed[name] = values[cells[:, i]].reshape(dims)
+  return grid_columns(spec, group, placed), shape
 
 
 def price_flat(spec, cols, shape=None, source=None, index=None):
-  """(rate, reason) arrays of executions (``shape``: their broadcast shape,
-  default 1-d), isolating engine errors: a batch that raises is halved
-  along its first dimension until the failing cells are found (reason
-  ENGINE_ERROR).  ``source``, ``index``: an Evaluation whose block totals
+  """(rate, reason, tier-1 memory) arrays of executions (``shape``: their
+  broadcast shape, default 1-d), isolating engine errors: a batch that
+  raises is halved along its first dimension until the failing cells are
+  found (reason ENGINE_ERROR).  ``source``, ``index``: an Evaluation whose block totals
   the cells reuse, and the cells' indices into its grid (see
   :meth:`~calculon.llm.terms.blocks.BlockTerms.reusing_totals`)."""
   if shape is None:
@@ -232,12 +252,14 @@ def price_flat(spec, cols, shape=None, source=None, index=None):
     with np.errstate(all='ignore'):
       rate = np.broadcast_to(ev.sample_rate, shape).astype(float)
       reason = np.broadcast_to(ev.reason, shape).astype(np.int64)
+      mem1 = np.broadcast_to(ev.mem1_bytes, shape).astype(float)
     bad = (reason == OK) & ~np.isfinite(rate)
-    return rate, np.where(bad, NON_FINITE, reason)
+    return rate, np.where(bad, NON_FINITE, reason), mem1
   except Exception:  # noqa: BLE001 -- isolate, count, go on
     n = shape[0]
     if n == 1:
-      return np.full(shape, np.nan), np.full(shape, ENGINE_ERROR)
+      return (np.full(shape, np.nan), np.full(shape, ENGINE_ERROR),
+              np.full(shape, np.nan))
     half = n // 2
     parts = []
     for sl in (slice(0, half), slice(half, n)):
@@ -248,8 +270,7 @@ def price_flat(spec, cols, shape=None, source=None, index=None):
       parts.append(price_flat(
         spec, sub, (len(range(n)[sl]),) + shape[1:], source,
         None if index is None else [ix[sl] for ix in index]))
-    return (np.concatenate([p[0] for p in parts]),
-            np.concatenate([p[1] for p in parts]))
+    return tuple(np.concatenate([p[j] for p in parts]) for j in range(3))
 
 
 #: Cells of a level-2 grid priced at once.
@@ -266,12 +287,9 @@ def search_group(spec, group, top_n, threshold_of):
   own n-th best so far.
 
   Returns:
-    :class:`~calculon.llm.search.ChunkResult` (flat indices in ``group``'s
-    full grid; ``pruned`` = valid executions not priced).
+    :class:`~calculon.search.exhaustive.ChunkResult` (flat indices in
+    ``group``'s full grid; ``pruned`` = valid executions not priced).
   """
-  from calculon.llm.search import (
-    ChunkResult, Chunk, columns, valid_mask, _count_valid,
-    reduced_group)
   res = ChunkResult()
   axes = group.axes
   naxes = len(axes)
@@ -279,10 +297,12 @@ def search_group(spec, group, top_n, threshold_of):
   base = columns(spec, Chunk(reduced, ()))
   # Valid executions of the group (every inner combination).
   for combo in itertools.product(*(group.values[a] for a in INNER_AXES)):
-    cols = columns(spec, Chunk(reduced, ()))
-    for name, value in zip(INNER_AXES, combo):
-      setattr(cols, name, np.bool_(value))
-    res.total += _count_valid(cols, reduced.shape)
+    values = dict(reduced.values)
+    values.update({name: [value] for name, value in zip(INNER_AXES, combo)})
+    fixed = Group(group.index, group.tp, group.pp, group.dp,
+                  group.batch_size, values, group.cp, group.axes)
+    res.total += count_valid(spec, columns(spec, Chunk(fixed, ())),
+                             reduced.shape)
 
   def threshold():
     own = res.best[top_n - 1][0] if len(res.best) >= top_n else 0.0
@@ -324,22 +344,18 @@ def search_group(spec, group, top_n, threshold_of):
       continue
     # Level 2: the surviving level-1 cells along one leading dimension,
     # every other axis along its own.
-    cols = {}
-    for name in vars(base):
-      cols[name] = getattr(base, name)
+    placed = {}
     k = len(part)
     for i, name in enumerate(axes):
-      values = np.asarray(reduced.values[name],
-                          dtype=bool if name in _bool_axes() else np.int64)
+      values = axis_values(reduced, name)
       shape = [1] * (naxes + 1)
       if i in dep:
         shape[0] = k
-        cols[name] = values[part[:, dep.index(i)]].reshape(shape)
+        placed[name] = values[part[:, dep.index(i)]].reshape(shape)
       else:
         shape[1 + i] = len(values)
-        cols[name] = values.reshape(shape)
-    cols['optimizer_sharding'] = None
-    grid = ExecutionColumns(**cols)
+        placed[name] = values.reshape(shape)
+    grid = grid_columns(spec, reduced, placed)
     full_shape = (k,) + tuple(1 if i in dep else len(reduced.values[axes[i]])
                               for i in range(naxes))
     index = []
@@ -359,7 +375,7 @@ def search_group(spec, group, top_n, threshold_of):
           ev2 = Evaluation.reusing_totals(ev1, grid, index)
         l2 = np.broadcast_to(reduced_bound(
           ev2, len(group.values['data_par_overlap']) > 1), full_shape)
-        valid = np.broadcast_to(valid_mask(grid), full_shape)
+        valid = np.broadcast_to(valid_mask(grid, spec), full_shape)
     except Exception:  # noqa: BLE001 -- never prune what cannot be bounded
       l2 = np.full(full_shape, np.inf)
       valid = np.ones(full_shape, dtype=bool)
@@ -389,22 +405,18 @@ def search_group(spec, group, top_n, threshold_of):
         else sub
       if not len(sub):
         continue
-      gcols, gshape = cell_columns(spec, group, sub, base)
+      gcols, gshape = cell_columns(spec, group, sub)
       inner_ndim = len(gshape) - 1
-      rate, reason = price_flat(
+      rate, reason, mem1 = price_flat(
         spec, gcols, gshape, ev1,
         [sub[:, i].reshape((-1,) + (1,) * inner_ndim) for i in range(naxes)])
-      ok = np.broadcast_to(valid_mask(gcols), gshape).reshape(-1)
+      ok = np.broadcast_to(valid_mask(gcols, spec), gshape).reshape(-1)
       full = expand(sub, group, axes)[ok]
       rate, reason = rate.reshape(-1)[ok], reason.reshape(-1)[ok]
+      mem1 = np.broadcast_to(mem1, gshape).reshape(-1)[ok]
       if not len(full):
         continue
-      res.add(group, full, rate, reason, top_n)
+      res.add(spec, group, full, rate, reason, mem1, top_n)
       priced += len(full)
   res.pruned = res.total - res.evaluated
   return res
-
-
-def _bool_axes():
-  from calculon.llm.search import _BOOL_AXES
-  return _BOOL_AXES
