@@ -215,6 +215,10 @@ class OverheadConfig:
     return cls(**values)
 
 
+#: Optional sections of a whole training run (:mod:`calculon.config.
+#: whole_run`, read only when a file has one).
+WHOLE_RUN_SECTIONS = ('reliability', 'storage', 'power')
+
 #: Optional efficiency fields of a system, (0, 1]; absent means 1 (priced
 #: as a dense GEMM): fused attention kernels, grouped expert GEMMs.
 OPTIONAL_EFFICIENCIES = ('fused_attention_efficiency',
@@ -235,6 +239,9 @@ class SystemConfig:
   overhead: object = None
   fused_attention_efficiency: object = None
   grouped_gemm_efficiency: object = None
+  reliability: object = None
+  storage: object = None
+  power: object = None
 
   @classmethod
   def from_dict(cls, cfg, source='<system>'):
@@ -247,7 +254,10 @@ class SystemConfig:
     attention kernel (FlashAttention) reaches at the same FLOP count
     (absent: 1, priced as a GEMM).  Optional ``grouped_gemm_efficiency``
     (0, 1]: the same for the grouped GEMMs of Mixture-of-Experts layers
-    (absent: 1).
+    (absent: 1).  Optional ``reliability``, ``storage``, ``power``: what a
+    whole training run needs beyond the step (interruptions, checkpoint
+    storage, power; :mod:`calculon.config.whole_run`; absent: None, the
+    documented defaults).
 
     Raises:
       ConfigError: any field missing, unknown, or out of range; a datatype
@@ -270,6 +280,11 @@ class SystemConfig:
     fused, grouped = (
       float(reader.get(name, Spec('number', lo=0, lo_open=True, hi=1)))
       if name in cfg else None for name in OPTIONAL_EFFICIENCIES)
+    whole_run = {}
+    if any(name in cfg for name in WHOLE_RUN_SECTIONS):
+      from calculon.config.whole_run import SECTIONS  # only when used
+      whole_run = {name: kind.read(reader, name) for name, kind in
+                   SECTIONS.items() if name in cfg}
     reader.finish()
     if set(matrix.peak_flops) != set(vector.peak_flops):
       diff = sorted(set(matrix.peak_flops) ^ set(vector.peak_flops))
@@ -279,4 +294,4 @@ class SystemConfig:
         source=source, field='matrix', value=diff[0],
         allowed='the same datatypes in matrix and vector')
     return cls(matrix, vector, mem1, mem2, mode, networks, overhead, fused,
-               grouped)
+               grouped, **whole_run)

@@ -59,6 +59,12 @@ class System:
     #: Share of the GEMM efficiency the grouped expert GEMMs reach (None:
     #: priced as one GEMM per expert).
     self.grouped_gemm_efficiency = cfg.grouped_gemm_efficiency
+    #: A whole run's inputs (:mod:`calculon.config.whole_run` records, or
+    #: None: the documented defaults): interruptions, checkpoint storage,
+    #: power.
+    self.reliability = cfg.reliability
+    self.storage = cfg.storage
+    self.power = cfg.power
 
   @staticmethod
   def supported_datatypes():

@@ -1,0 +1,235 @@
+"""A plan as a terminal table, JSON, CSV and a figure.
+
+JSON: {"objective", "objective_unit", "application", "system", "inputs"
+(every input with its source), "terms" (name -> [unit, description]),
+"plans": [{"gpus", "status", "best", "objective_value", "execution",
+"run": {term: value}, ...}]}.  CSV: one row per GPU count, the execution's
+fields prefixed ``exe_``, then every term.
+"""
+
+import json
+import math
+
+from calculon import outputs
+from calculon.plan import objective as O
+from calculon.plan.run import TERMS
+
+#: Output file kinds of ``-o``.
+PLAN_KINDS = outputs.JSON_KINDS + outputs.CSV_KINDS
+
+
+def _layout(exe):
+  if exe is None:
+    return '-'
+  text = f"{exe['tensor_par']}/{exe['pipeline_par']}/{exe['data_par']}"
+  cp = exe.get('context_par', 1)
+  if cp > 1:
+    text += f'/cp{cp}'
+  ep = exe.get('expert_par', 1)
+  if ep > 1:
+    text += f'/ep{ep}'
+  return text
+
+
+_RECOMPUTE = {'none': 'none', 'full': 'full', 'selective': 'sel',
+              'attn_only': 'attn'}
+_SHARD = {'none': 'dp', 'optimizer': 'zero1', 'gradients': 'zero2',
+          'parameters': 'fsdp'}
+
+
+def _options(exe):
+  if exe is None:
+    return ''
+  shard = exe.get('data_par_sharding') or (
+    'optimizer' if exe.get('optimizer_sharding') else 'none')
+  return (f"mbs{exe['microbatch_size']} vp{exe['pipeline_interleaving']} "
+          f"{_RECOMPUTE.get(exe['activation_recompute'], '?')} "
+          f"{_SHARD.get(shard, shard)}")
+
+
+def _num(value, fmt):
+  if value is None or (isinstance(value, float) and not math.isfinite(value)):
+    return '-'
+  return format(value, fmt)
+
+
+def format_table(plan):
+  """The plan as text: one line per GPU count, the best (objective) marked
+  with '*'."""
+  best = plan.best
+  priced = plan.inputs.priced
+  head = ['GPUs', 'TP/PP/DP', 'options', 'step s', 'MFU', 'goodput',
+          'days', 'GPU-h (M)', 'tok/day (B)', 'MW', 'MWh']
+  if priced:
+    head.append('cost $M')
+  rows = []
+  for r in plan.rows:
+    run = r.run or {}
+    line = [f"{r.gpus}{'*' if r is best else ''}", _layout(r.execution),
+            _options(r.execution)]
+    if r.status != 'ok':
+      line += ['infeasible'] + [''] * (len(head) - 4)
+      rows.append(line)
+      continue
+    line += [_num(run['step_s'], '.3f'), _num(run['mfu'] and
+                                              100 * run['mfu'], '.1f') + '%',
+             _num(100 * run['goodput'], '.1f') + '%',
+             _num(run['wall_days'], '.1f'),
+             _num(run['gpu_hours'] and run['gpu_hours'] / 1e6, '.3f'),
+             _num(run['tokens_per_day'] and run['tokens_per_day'] / 1e9,
+                  '.1f'),
+             _num(run['average_power_mw'], '.2f'),
+             _num(run['energy_mwh'], ',.0f')]
+    if priced:
+      line.append(_num(run['cost_usd'] and run['cost_usd'] / 1e6, '.2f'))
+    rows.append(line)
+  widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+  lines = ['  '.join(str(x).rjust(w) for x, w in zip(head, widths))]
+  lines += ['  '.join(str(x).rjust(w) for x, w in zip(row, widths))
+            for row in rows]
+  unit = O.UNITS[plan.objective]
+  if best is not None:
+    lines.append(f'* best for the objective {plan.objective} '
+                 f'({_num(best.objective_value, ".6g")} {unit})')
+  return '\n'.join(lines)
+
+
+def format_inputs(plan):
+  """Short lines on the inputs: the checkpoint policy, the interruption
+  rate, the storage, the power, and which come from the defaults."""
+  inp = plan.inputs
+  rel, pw, sto, pol = inp.reliability, inp.power, inp.storage, inp.policy
+  lines = [
+    f'Tokens: {inp.tokens:.4g}; framework: {inp.framework or "default"} '
+    f'(checkpoints {pol.mode}, parallel save {str(pol.parallel_save).lower()}'
+    f', parallel load {str(pol.parallel_load).lower()})',
+    f'Interruptions: {rel.unplanned_per_gpu_hour:.3g} unplanned + '
+    f'{rel.planned_per_gpu_hour:.3g} planned per GPU-hour (x N^'
+    f'{rel.job_size_exponent:g}); restart {rel.restart_s:g} s',
+    f'Storage: write {sto.write_GBps:g} GB/s, read {sto.read_GBps:g} GB/s, '
+    f'{sto.node_GBps:g} GB/s per node',
+    f'Power: GPU {pw.gpu_idle_w:g}-{pw.gpu_busy_w:g} W, node overhead '
+    f'{pw.node_overhead_w:g} W per {pw.gpus_per_node} GPUs, fabric '
+    f'{pw.network_w_per_gpu:g} W/GPU, PUE {pw.pue:g}']
+  if inp.defaults:
+    lines.append('Documented defaults used (the system file has no such '
+                 f"section): {', '.join(inp.defaults)} (docs/plan.md)")
+  if plan.objective == 'cost' and not inp.priced:
+    lines.append('No --price: the cost objective ranks by GPU-hours')
+  return '\n'.join(lines)
+
+
+def _clean(value):
+  if isinstance(value, float) and not math.isfinite(value):
+    return None
+  return value
+
+
+def to_json(plan, application, system):
+  """The plan as a JSON-ready dict (see the module docstring)."""
+  best = plan.best
+  plans = []
+  for r in plan.rows:
+    plans.append({
+      'gpus': r.gpus, 'status': r.status, 'best': r is best,
+      'objective_value': _clean(r.objective_value),
+      'searched_by_rate': r.searched, 'proven': r.proven,
+      'elapsed_s': r.elapsed_s, 'reason': r.reason,
+      'execution': r.execution, 'run': r.run})
+  return {'objective': plan.objective,
+          'objective_unit': O.UNITS[plan.objective],
+          'application': application, 'system': system,
+          'inputs': plan.inputs.describe(),
+          'terms': {k: list(v) for k, v in TERMS.items()},
+          'plans': plans}
+
+
+def to_csv(plan):
+  """The plan as CSV text: one row per GPU count."""
+  import csv
+  import io
+  best = plan.best
+  exe_keys = []
+  for r in plan.rows:
+    for k in (r.execution or {}):
+      if k not in exe_keys:
+        exe_keys.append(k)
+  head = ['gpus', 'status', 'best', 'objective', 'objective_value'] + \
+    [f'exe_{k}' for k in exe_keys] + list(TERMS) + ['reason']
+  buffer = io.StringIO()
+  writer = csv.writer(buffer, lineterminator='\n')
+  writer.writerow(head)
+  for r in plan.rows:
+    run = r.run or {}
+    exe = r.execution or {}
+    writer.writerow(
+      [r.gpus, r.status, r is best, plan.objective,
+       '' if r.objective_value is None else repr(r.objective_value)] +
+      [json.dumps(exe[k]) if isinstance(exe.get(k), list) else exe.get(k, '')
+       for k in exe_keys] +
+      ['' if run.get(t) is None else repr(run[t]) for t in TERMS] +
+      [r.reason])
+  return buffer.getvalue()
+
+
+def write(plan, path, application, system):
+  """Writes the plan to ``path`` (.json[.gz] or .csv[.gz]) atomically.
+
+  Raises:
+    calculon.outputs.WriteError: it cannot be written.
+  """
+  if outputs.extension_of(path, outputs.JSON_KINDS):
+    text = json.dumps(to_json(plan, application, system), indent=2) + '\n'
+  else:
+    text = to_csv(plan)
+  outputs.write_text(path, text, rescue=True)
+
+
+def plot(plan, path):
+  """Days and cost (GPU-hours without a price) against the GPU count, one
+  panel each, the best count marked; written atomically.
+
+  Raises:
+    calculon.outputs.WriteError: it cannot be written.
+  """
+  from calculon.plots.common import plt, save
+  ok = [r for r in plan.rows if r.status == 'ok']
+  fig, (left, right) = plt.subplots(1, 2, figsize=(10.0, 4.2))
+  xs = [r.gpus for r in ok]
+  days = [r.run['wall_days'] for r in ok]
+  if plan.inputs.priced:
+    ys = [r.run['cost_usd'] / 1e6 for r in ok]
+    ylabel = 'cost (million USD)'
+  else:
+    ys = [r.run['gpu_hours'] / 1e6 for r in ok]
+    ylabel = 'GPU-hours (millions)'
+  compute_days = [r.run['compute_s'] / 86400.0 for r in ok]
+  left.plot(xs, days, 'o-', color='tab:blue', label='wall-clock days')
+  left.plot(xs, compute_days, 's--', color='tab:gray', alpha=0.7,
+            label='computation only (goodput 100 %)')
+  right.plot(xs, ys, 'o-', color='tab:red', label=ylabel)
+  best = plan.best
+  if best is not None:
+    left.plot([best.gpus], [best.run['wall_days']], '*', color='gold',
+              markersize=16, markeredgecolor='black',
+              label=f'best ({plan.objective})')
+    right.plot([best.gpus], [ys[ok.index(best)]], '*', color='gold',
+               markersize=16, markeredgecolor='black')
+  for ax, label in ((left, 'days'), (right, ylabel)):
+    if len(set(xs)) > 1:
+      ax.set_xscale('log', base=2)
+    ax.set_xticks(xs)
+    ax.set_xticklabels([str(x) for x in xs], rotation=45)
+    ax.set_xlabel('GPUs')
+    ax.set_ylabel(label)
+    ax.grid(True, alpha=0.3)
+  for r, d in zip(ok, days):
+    left.annotate(f"{100 * r.run['goodput']:.0f}%", (r.gpus, d),
+                  textcoords='offset points', xytext=(0, 6), ha='center',
+                  fontsize=8)
+  left.legend(fontsize=8)
+  right.legend(fontsize=8)
+  left.set_title('Time to train (labels: goodput)')
+  right.set_title('Cost' if plan.inputs.priced else 'GPU-hours')
+  save(fig, path, rescue=True)
+  return path

@@ -1,0 +1,707 @@
+"""Whole pretraining runs: predicted vs published GPU-hours, days, energy.
+
+Input: a CSV in the columns of ``../shared/measurements/whole_runs.csv``
+(:data:`COLUMNS`; the bundled copy is ``validation/whole_runs.csv``): a
+model's shape, the tokens it was trained on, the GPUs, and what was
+published of its GPU-hours, wall-clock days and energy.  For every row this
+module
+
+1. maps it onto the model by the published suite's conventions
+   (``validation/conventions.yaml`` through
+   :class:`calculon.validation.mapping.Mapper`: the model family, the
+   hardware table, the datatype, the rules of its source);
+2. takes the global batch and the GPU count from the row, or else from
+   :data:`RUN_FACTS` (each with its source) and says so;
+3. prices the parallel layout the row states (its unknown settings
+   searched as the published suite does: the fastest feasible candidate)
+   or, when the row states none, searches every layout for the fastest
+   step of exactly that batch (:func:`calculon.plan.objective.rank`), and
+   says so;
+4. prices the whole run (:func:`calculon.plan.run.price_runs`) with the
+   system's reliability, storage and power sections or their documented
+   defaults, nothing fitted to these rows;
+5. reports error = 100 x (predicted / published - 1) percent (positive:
+   the model predicts more) for the GPU-hours, the days and the energy.
+
+The published energy is compared with the GPUs' predicted energy times the
+PUE (what the papers and model cards count: GPU power x hours x PUE); the
+total with the nodes' other parts is reported beside it.
+"""
+
+from dataclasses import dataclass, field
+import math
+import os
+import re
+
+import numpy as np
+
+from calculon.errors import ConfigError
+
+#: Columns of the whole-runs file, in its order.
+COLUMNS = (
+  'id', 'model', 'source', 'params_total', 'params_active', 'num_layers',
+  'hidden', 'ffn_hidden', 'attn_heads', 'kv_heads', 'vocab', 'seq_len',
+  'tokens_trained', 'gpu_type', 'num_gpus', 'wall_days', 'gpu_hours',
+  'power_w_per_gpu_assumed', 'energy_mwh', 'interruptions',
+  'effective_training_time_pct', 'parallelism', 'mfu_or_tflops', 'notes')
+#: Columns a file must have.
+REQUIRED = ('model', 'source', 'seq_len', 'tokens_trained', 'gpu_type')
+#: Optional columns a user's file may add: ``global_batch_size`` (sequences),
+#: ``tp``, ``pp``, ``dp``, ``cp`` (the layout), ``dtype``.
+OPTIONAL = ('global_batch_size', 'tp', 'pp', 'dp', 'cp', 'dtype')
+#: The metrics compared.
+METRICS = ('gpu_hours', 'wall_days', 'energy_mwh')
+
+#: Facts of whole runs their rows leave out: model name pattern -> the
+#: global batch in sequences and the GPU count, with the source of each.
+RUN_FACTS = (
+  (r'^llama-(7|13|33|65)b$',
+   {'batch': 2048, 'why_batch': 'LLaMA (arXiv 2302.13971) Table 2: batch '
+    '4M tokens for every size = 2,048 sequences of 2,048',
+    'gpus': 2048, 'why_gpus': 'LLaMA section 2.4 states 2,048 A100-80GB for '
+    'the 65B only: assumed for every size'}),
+  (r'^llama 2 ',
+   {'batch': 1024, 'why_batch': 'Llama 2 (arXiv 2307.09288) section 2.2: '
+    'global batch 4M tokens = 1,024 sequences of 4,096',
+    'gpus': 2048, 'why_gpus': 'the Llama 2 paper states no GPU count: the '
+    "LLaMA 65B run's 2,048 A100s assumed"}),
+  (r'^llama 3\.1 405b$',
+   {'batch': 2048, 'why_batch': 'arXiv 2407.21783 Table 4: 16 sequences of '
+    '8,192 per data-parallel rank x 128 ranks (16,384 GPUs) = 2,048'}),
+  (r'^opt-175b$',
+   {'batch': 992, 'why_batch': 'OPT (arXiv 2205.01068) Table 1: batch 2M '
+    'tokens; on 992 GPUs with TP 8, 124 data-parallel ranks x 8 = 992 '
+    'sequences of 2,048 (2.03M tokens)'}),
+  (r'^nemotron-4 15b$',
+   {'batch': 1152, 'why_batch': 'arXiv 2402.16819 Table 2: the 2,304-GPU '
+    'stage (7.6T of the 8T tokens) runs batch 1,152; priced for every '
+    'token'}),
+)
+
+
+def default_path(base_dir):
+  """The bundled whole-runs file."""
+  return os.path.join(base_dir, 'validation', 'whole_runs.csv')
+
+
+def read_runs(path):
+  """The rows of a whole-runs CSV as a DataFrame of strings (blanks '');
+  rows without an id get ``run-NN``.
+
+  Raises:
+    ConfigError: a missing or unreadable file, a required column missing,
+      a duplicate id.
+  """
+  import pandas as pd
+  if not os.path.exists(path):
+    raise ConfigError(f'{path}: no such file', source=path)
+  try:
+    frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+  except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as err:
+    raise ConfigError(f'{path}: not a readable CSV file: {err}',
+                      source=path) from None
+  missing = [c for c in REQUIRED if c not in frame.columns]
+  if missing:
+    raise ConfigError(
+      f"{path}: missing column(s) {', '.join(missing)} (a whole-runs file "
+      f"has the columns {', '.join(COLUMNS)}; of them "
+      f"{', '.join(REQUIRED)} are required)", source=path, field=missing[0],
+      allowed=', '.join(COLUMNS))
+  for col in COLUMNS + OPTIONAL:
+    if col not in frame.columns:
+      frame[col] = ''
+  ids = []
+  for i, given in enumerate(frame['id']):
+    ids.append(given.strip() or f'run-{i + 1:02d}')
+  frame['id'] = ids
+  dup = frame['id'][frame['id'].duplicated()]
+  if len(dup):
+    raise ConfigError(f"{path}: field 'id' = {dup.iloc[0]!r} is not allowed: "
+                      'ids must be unique', source=path, field='id',
+                      value=dup.iloc[0])
+  return frame
+
+
+def _number(cell):
+  """A cell as a float (None when blank or not a positive finite number)."""
+  text = str(cell or '').strip().replace(',', '')
+  if not text:
+    return None
+  try:
+    value = float(text)
+  except ValueError:
+    return None
+  return value if math.isfinite(value) and value > 0 else None
+
+
+def _count(cell):
+  value = _number(cell)
+  return int(round(value)) if value is not None and value == int(value) \
+    else None
+
+
+def parse_layout(text, gpus):
+  """(tp, pp, dp, cp) a parallelism text states for ``gpus`` GPUs (None
+  where not stated): the ';'-separated part naming that GPU count, else
+  the first part naming a TP degree."""
+  text = str(text or '')
+  parts = [p for p in re.split(r';', text) if p.strip()]
+  chosen = None
+  if gpus:
+    names = {f'{gpus:,}', str(gpus)}
+    for part in parts:
+      if any(re.search(rf'(?<![\d,]){re.escape(n)}(?![\d,])', part)
+             for n in names) and re.search(r'\bTP', part):
+        chosen = part
+        break
+  if chosen is None:
+    chosen = next((p for p in parts if re.search(r'\bTP\s*\d|\d+x TP', p)),
+                  '')
+
+  def first(patterns):
+    for pat in patterns:
+      m = re.search(pat, chosen, re.IGNORECASE)
+      if m:
+        return int(next(g for g in m.groups() if g))
+    return None
+  tp = first([r'\bTP\s*=?\s*(\d+)', r'(\d+)x\s*TP', r'(\d+)-way\s+TP'])
+  pp = first([r'\bPP\s*=?\s*(\d+)', r'(\d+)-way\s+(?:zero-bubble\s+)?PP'])
+  dp = first([r'\bDP\s*=?\s*(\d+)'])
+  cp = first([r'\bCP\s*=?\s*(\d+)'])
+  return tp, pp, dp, cp
+
+
+def _batch_from_text(text, seq):
+  """A global batch a text states as 'B x S' sequences of S tokens."""
+  for m in re.finditer(r'(\d[\d,]*)\s*x\s*(\d[\d,]*)', str(text or '')):
+    b, s = (int(x.replace(',', '')) for x in m.groups())
+    if s == seq:
+      return b
+  return None
+
+
+def published_rate(row, gpus, flops_per_token, peak_flops):
+  """The step rate a row's ``mfu_or_tflops`` text states for ``gpus``
+  GPUs, as tokens per second per GPU: a tokens/s/GPU figure as it is, an
+  MFU percentage x the peak / the model FLOP per token, a TFLOP/s figure /
+  the model FLOP per token (whole-attention convention: the source's may
+  differ).  The ','- or ';'-separated part naming the GPU count wins, else
+  the first figure.  Returns (value, what) or (None, '')."""
+  text = str(row.get('mfu_or_tflops') or '')
+  if not text.strip():
+    return None, ''
+  parts = [p for p in re.split(r'[;,](?!\d{3})', text) if p.strip()]
+  names = {f'{gpus:,}', str(gpus)} if gpus else set()
+  ordered = [p for p in parts if any(
+    re.search(rf'(?<![\d,]){re.escape(n)}(?![\d,])', p) for n in names)]
+  ordered += [p for p in parts if p not in ordered]
+  for part in ordered:
+    m = re.search(r'(\d+(?:\.\d+)?)\s*tokens?\s*/\s*s(?:ec)?\s*/\s*GPU',
+                  part, re.IGNORECASE)
+    if m:
+      return float(m.group(1)), f'{m.group(1)} tokens/s/GPU'
+    m = re.search(r'MFU\s*(\d+(?:\.\d+)?)\s*%', part, re.IGNORECASE) or (
+      re.search(r'MFU', text, re.IGNORECASE) and
+      re.search(r'(\d+(?:\.\d+)?)\s*%', part))
+    if m:
+      return float(m.group(1)) / 100 * peak_flops / flops_per_token, \
+        f'MFU {m.group(1)}%'
+    m = re.search(r'(\d+(?:\.\d+)?)\s*TFLOP', part, re.IGNORECASE)
+    if m:
+      return float(m.group(1)) * 1e12 / flops_per_token, \
+        f'{m.group(1)} TFLOP/s/GPU'
+  return None, ''
+
+
+def _facts(model):
+  for pattern, facts in RUN_FACTS:
+    if re.search(pattern, model.strip(), re.IGNORECASE):
+      return facts
+  return {}
+
+
+def _dtype(row):
+  """The datatype a row's texts name (None: not stated)."""
+  text = ' '.join(str(row.get(k, '')) for k in ('dtype', 'parallelism',
+                                                  'notes'))
+  if re.search(r'\bbf16\b|bfloat16', text, re.IGNORECASE):
+    return 'bf16'
+  if re.search(r'\bfp16\b|float16', text, re.IGNORECASE):
+    return 'fp16'
+  return ''
+
+
+@dataclass
+class WholeRun:
+  """One row priced.
+
+  status: 'ok', 'not priced' or 'infeasible'; assumptions: (what, value,
+  why) not stated by the row; layout: 'stated' or 'searched'; run: the
+  whole run's terms (:func:`calculon.plan.run.row`); execution: JSON.
+  """
+  row: dict
+  status: str
+  reason: str = ''
+  assumptions: list = field(default_factory=list)
+  approximations: list = field(default_factory=list)
+  layout: str = ''
+  system_name: str = ''
+  gpus: int = None
+  batch: int = None
+  execution: dict = None
+  run: dict = None
+  published_rate: float = None
+  published_rate_text: str = ''
+
+
+class Suite:
+  """The rows of a whole-runs file and what they map to.
+
+  Args:
+    base_dir: folder with models/, systems/ and validation/.
+    path: the whole-runs CSV (default: the bundled one).
+    conventions: the conventions file (default: the bundled one).
+    systems: optional dict cluster (the hardware table's, else the system
+      name) -> a system JSON object replacing the bundled file for its rows
+      (calibrated systems; each row's field changes applied on top).
+  """
+
+  def __init__(self, base_dir, path=None, conventions=None, systems=None):
+    from calculon.validation import conventions as conventions_mod
+    from calculon.validation.mapping import Mapper
+    self.base_dir = base_dir
+    self.path = path or default_path(base_dir)
+    conv = conventions_mod.load(conventions or
+                                conventions_mod.default_path(base_dir))
+    self.mapper = Mapper(base_dir, conv)
+    self.frame = read_runs(self.path)
+    self.systems = dict(systems or {})
+
+  @property
+  def cases(self):
+    """Rows as the published suite's cases (for
+    :func:`calculon.cli.validation.calibrated_systems`): the system name and
+    cluster of each priceable row."""
+    out = []
+    for row in self.frame.to_dict('records'):
+      case = self.mapper.build(_pseudo_row(row, _count(row.get('num_gpus'))
+                                           or 1, 1, (None,) * 4))
+      out.append(case)
+    return out
+
+  def system(self, case):
+    """The :class:`~calculon.hardware.System` of ``case``: the bundled
+    file (or its replacement in :attr:`systems`) with the row's changes."""
+    from calculon.hardware import System
+    from calculon.validation.mapping import apply_system_set
+    override = self.systems.get(case.cluster or case.system_name)
+    if override is not None:
+      # A calibration fits the step; the whole-run sections (power,
+      # storage, reliability) of the bundled file stay.
+      base = self.mapper.system_json(case)
+      override = dict(override, **{k: base[k] for k in (
+        'reliability', 'storage', 'power') if k in base and
+        k not in override})
+      cfg = apply_system_set(override, case.system_set)
+      return System(cfg, f'systems/{case.cluster or case.system_name}'
+                    '_calibrated.json')
+    return System(self.mapper.system_json(case),
+                  f'systems/{case.system_name}.json')
+
+
+def _pseudo_row(row, gpus, batch, layout):
+  """The row in the published suite's columns, for the Mapper."""
+  tp, pp, dp, cp = layout
+  notes = ' '.join(x for x in (row.get('parallelism', ''),
+                               row.get('notes', '')) if x)
+  return {
+    'id': row['id'], 'source': row.get('source', ''),
+    'model_name': row.get('model', ''),
+    'num_layers': row.get('num_layers', ''), 'hidden': row.get('hidden', ''),
+    'ffn_hidden': row.get('ffn_hidden', ''),
+    'attn_heads': row.get('attn_heads', ''),
+    'kv_heads': row.get('kv_heads', ''), 'seq_len': row.get('seq_len', ''),
+    'vocab': row.get('vocab', ''), 'num_gpus': str(gpus),
+    'gpu_type': row.get('gpu_type', ''),
+    'tp': '' if tp is None else str(tp), 'pp': '' if pp is None else str(pp),
+    'dp': '' if dp is None else str(dp), 'cp': '' if cp is None else str(cp),
+    'vp': '', 'global_batch_size': str(batch), 'micro_batch_size': '',
+    'recompute': '', 'seq_parallel': '', 'dtype': _dtype(row),
+    'measured_metric_name': 'iteration_time_s', 'measured_value': '1',
+    'notes': notes}
+
+
+def price_row(suite, row, workers=1):
+  """Prices one row: a :class:`WholeRun`."""
+  out = WholeRun(row=row, status='not priced')
+  model = str(row.get('model', ''))
+  facts = _facts(model)
+  seq = _count(row.get('seq_len'))
+  tokens = _number(row.get('tokens_trained'))
+  if tokens is None:
+    out.reason = 'tokens_trained not stated'
+    return out
+  if not any(_number(row.get(m)) for m in METRICS):
+    out.reason = 'no published GPU-hours, days or energy to compare with'
+    return out
+  gpus = _count(row.get('num_gpus'))
+  if gpus is None and facts.get('gpus'):
+    gpus = facts['gpus']
+    out.assumptions.append(('gpus', gpus, facts['why_gpus']))
+  if gpus is None:
+    out.reason = 'GPU count not stated'
+    return out
+  batch = _count(row.get('global_batch_size'))
+  if batch is None and seq:
+    batch = _batch_from_text(' '.join((row.get('parallelism', ''),
+                                       row.get('notes', ''))), seq)
+    if batch is not None:
+      out.assumptions.append(('batch', batch, 'the parallelism or notes text '
+                              f'({batch} x {seq} tokens)'))
+  if batch is None and facts.get('batch'):
+    batch = facts['batch']
+    out.assumptions.append(('batch', batch, facts['why_batch']))
+  if batch is None:
+    out.reason = 'global batch not stated'
+    return out
+  out.gpus, out.batch = gpus, batch
+  stated = tuple(_count(row.get(k)) for k in ('tp', 'pp', 'dp', 'cp'))
+  layout = stated if stated[0] else parse_layout(row.get('parallelism'),
+                                                 gpus)
+  tp, pp, dp, cp = layout
+  if tp is not None and pp is None:
+    pp = 1
+    out.assumptions.append(('pp', 1, 'the parallelism text names TP and no '
+                            'PP'))
+  case = suite.mapper.build(_pseudo_row(row, gpus, batch, (tp, pp, dp, cp)))
+  out.assumptions += [(k, v, why) for k, v, why in case.assumptions
+                      if k not in ('measured_metric_name',)]
+  out.approximations += list(case.approximations)
+  searched = tp is None
+  blocking = [m for m in case.missing if not (
+    searched and m.startswith('TP and PP not stated'))]
+  if blocking or case.app is None:
+    out.reason = '; '.join(blocking or case.missing)
+    return out
+  out.system_name = case.system_name
+  try:
+    if searched:
+      _searched(suite, case, out, tokens, workers)
+    else:
+      _stated(suite, case, out, tokens)
+  except ConfigError as err:
+    out.status, out.reason = 'not priced', str(err)
+    return out
+  if out.status == 'ok':
+    from calculon.plan.run import system_rates
+    system = suite.system(case)
+    peak = system_rates(system, out.execution['datatype'])[0]
+    per_token = out.run['model_flops_per_token']
+    out.published_rate, out.published_rate_text = published_rate(
+      row, gpus, per_token, peak)
+  return out
+
+
+def _inputs(system, tokens, case, out):
+  from calculon.plan import run as RUN
+  framework = case.fixed.get('framework')
+  try:
+    return RUN.run_inputs(system, tokens, framework)
+  except ConfigError:
+    out.assumptions.append(('checkpoint_policy', 'default', f'framework '
+                            f'{framework!r} has no checkpoint policy of its '
+                            'own (calculon.plan.framework)'))
+    return RUN.run_inputs(system, tokens)
+
+
+def _stated(suite, case, out, tokens):
+  """The layout the row states, its unknown settings searched (the fastest
+  feasible candidate, as the published suite prices)."""
+  from calculon.llm.stats import stat_arrays
+  from calculon.plan import run as RUN
+  from calculon.validation.mapping import execution_at
+  from calculon.validation.published import case_times
+  system = suite.system(case)
+  t, feasible, reason, ev = case_times(case, system)
+  ok = feasible
+  if not ok.any():
+    ok = np.isfinite(t) & (np.asarray(reason) == _memory_code())
+    if not ok.any():
+      out.status, out.reason = 'infeasible', ev.reason_message(
+        np.unravel_index(0, t.shape))
+      return out
+    out.approximations.append('no candidate fits the memory the model '
+                              'estimates: the fastest priced anyway')
+  best = np.unravel_index(int(np.argmin(np.where(ok, t, np.inf))), t.shape)
+  record = execution_at(case, best)
+  stats = {k: np.array([np.broadcast_to(np.asarray(v, dtype=float),
+                                        t.shape)[best]])
+           for k, v in stat_arrays(ev, RUN.RUN_STATS).items()}
+  inputs = _inputs(system, tokens, case, out)
+  terms = RUN.price_runs(_application(case), system, [record], inputs,
+                        stats=(stats, np.array([True]), ['']))
+  out.layout, out.execution = 'stated', record
+  out.run, out.status = RUN.row(terms, 0), 'ok'
+  return out
+
+
+def _application(case):
+  from calculon.config import Application
+  return Application.from_dict(case.priced_app, f'model {case.id}')
+
+
+def _memory_code():
+  from calculon.llm.model import MEM1_TOO_SMALL
+  return MEM1_TOO_SMALL
+
+
+def _searched(suite, case, out, tokens, workers):
+  """No layout stated: the fastest step of exactly the batch, searched."""
+  from calculon.llm import search as S
+  from calculon.plan import objective as O
+  system = suite.system(case)
+  app = _application(case)
+  datatype = case.fixed['datatype']
+  framework = case.fixed.get('framework')
+  out.assumptions.append(('layout', 'searched', 'the row states no TP/PP: '
+                          'every layout of the framework preset\'s space ('
+                          f"{framework or 'the default'}), the fastest "
+                          'step'))
+  spec = S.SearchSpec(app, system, out.gpus, out.batch, datatype,
+                      framework=framework)
+  inputs = _inputs(system, tokens, case, out)
+  result = O.rank(spec, 'throughput', 1, workers, inputs=inputs,
+                  exact_batch=out.batch)
+  if not result.best:
+    out.status, out.reason = 'infeasible', 'no execution of this batch fits'
+    return out
+  top = result.best[0]
+  out.layout, out.execution, out.run = 'searched', top.record, top.run
+  out.status = 'ok'
+  return out
+
+
+def run_suite(suite, progress=None, workers=1):
+  """Prices every row of ``suite``: a list of :class:`WholeRun`."""
+  progress = progress or (lambda text: None)
+  results = []
+  for row in suite.frame.to_dict('records'):
+    res = price_row(suite, row, workers)
+    progress(f"  {row['id']} {row.get('model', '')}: {res.status}"
+             + (f' ({res.reason})' if res.reason else ''))
+    results.append(res)
+  return results
+
+
+def _error(pred, pub):
+  if pred is None or pub is None or not math.isfinite(pred):
+    return None
+  return 100.0 * (pred / pub - 1.0)
+
+
+def results_frame(results):
+  """One row per run: id, model, GPUs, system, layout, tokens, step time,
+  MFU, goodput, predicted and published GPU-hours, days and energy with
+  their errors, status, assumptions, approximations, reason."""
+  import pandas as pd
+  rows = []
+  for r in results:
+    row, run = r.row, r.run or {}
+    exe = r.execution or {}
+    pred_energy = None
+    if run:
+      pw = run.get('energy_mwh')
+      it = run.get('it_energy_mwh')
+      gpu = run.get('gpu_energy_mwh')
+      pue = pw / it if pw and it else None
+      pred_energy = gpu * pue if gpu is not None and pue else None
+    pub = {m: _number(row.get(m)) for m in METRICS}
+    tokens = _number(row.get('tokens_trained'))
+    rate_hours = rate_days = None
+    if r.published_rate and run.get('goodput'):
+      rate_hours = tokens / r.published_rate / 3600.0 / run['goodput']
+      rate_days = rate_hours / r.gpus / 24.0
+    pred = {'gpu_hours': run.get('gpu_hours'),
+            'wall_days': run.get('wall_days'), 'energy_mwh': pred_energy}
+    rows.append({
+      'id': row['id'], 'model': row.get('model', ''), 'gpus': r.gpus,
+      'gpu': str(row.get('gpu_type', '')).split(' (')[0],
+      'system': r.system_name, 'batch': r.batch,
+      'layout': (f"{exe.get('tensor_par')}/{exe.get('pipeline_par')}/"
+                 f"{exe.get('data_par')}" if exe else '') +
+      (f" ({r.layout})" if r.layout else ''),
+      'tokens': _number(row.get('tokens_trained')),
+      'step_s': run.get('step_s'), 'mfu': run.get('mfu'),
+      'goodput': run.get('goodput'),
+      'pred_gpu_hours': pred['gpu_hours'],
+      'pub_gpu_hours': pub['gpu_hours'],
+      'err_gpu_hours_pct': _error(pred['gpu_hours'], pub['gpu_hours']),
+      'pred_wall_days': pred['wall_days'],
+      'pub_wall_days': pub['wall_days'],
+      'err_wall_days_pct': _error(pred['wall_days'], pub['wall_days']),
+      'pred_energy_mwh': pred['energy_mwh'],
+      'pred_total_energy_mwh': run.get('energy_mwh'),
+      'pub_energy_mwh': pub['energy_mwh'],
+      'err_energy_pct': _error(pred['energy_mwh'], pub['energy_mwh']),
+      'gpu_power_w': run.get('gpu_power_w'),
+      'pub_rate_tokens_per_s_per_gpu': r.published_rate,
+      'pub_rate': r.published_rate_text,
+      'rate_gpu_hours': rate_hours,
+      'err_rate_gpu_hours_pct': _error(rate_hours, pub['gpu_hours']),
+      'rate_wall_days': rate_days,
+      'err_rate_wall_days_pct': _error(rate_days, pub['wall_days']),
+      'status': r.status,
+      'assumptions': '; '.join(f'{k}={v} ({why})'
+                               for k, v, why in r.assumptions),
+      'approximations': '; '.join(r.approximations),
+      'reason': r.reason})
+  return pd.DataFrame(rows)
+
+
+def summary(frame):
+  """Counts and, per metric, the rows compared and the median, mean and
+  max |error| (percent) and the median signed error."""
+  out = {'rows': int(len(frame)),
+         'priced': int((frame['status'] == 'ok').sum()),
+         'not_priced': int((frame['status'] == 'not priced').sum()),
+         'infeasible': int((frame['status'] == 'infeasible').sum())}
+  for metric, col in (('gpu_hours', 'err_gpu_hours_pct'),
+                      ('wall_days', 'err_wall_days_pct'),
+                      ('energy', 'err_energy_pct'),
+                      ('gpu_hours_at_published_rate',
+                       'err_rate_gpu_hours_pct'),
+                      ('wall_days_at_published_rate',
+                       'err_rate_wall_days_pct')):
+    errs = np.array([x for x in frame[col] if x is not None and
+                     isinstance(x, (int, float)) and math.isfinite(x)],
+                    dtype=float)
+    if len(errs):
+      a = np.abs(errs)
+      out[metric] = {'n': int(len(errs)),
+                     'median_abs_error_pct': float(np.median(a)),
+                     'mean_abs_error_pct': float(a.mean()),
+                     'max_abs_error_pct': float(a.max()),
+                     'median_error_pct': float(np.median(errs))}
+    else:
+      out[metric] = {'n': 0, 'median_abs_error_pct': None,
+                     'mean_abs_error_pct': None, 'max_abs_error_pct': None,
+                     'median_error_pct': None}
+  return out
+
+
+def _fmt(value, spec):
+  if value is None or (isinstance(value, float) and not math.isfinite(value)):
+    return ''
+  return format(value, spec)
+
+
+def format_report(frame, verbose=False):
+  """Readable text: the priced rows (predicted vs published), the summary
+  and the rows not priced with the reason."""
+  import pandas as pd
+  lines = ['error = 100 x (predicted / published - 1); energy: the GPUs\' '
+           'predicted energy x PUE against the published figure (GPU power '
+           'x hours x PUE in most sources)']
+  ok = frame[frame['status'] == 'ok']
+  if len(ok):
+    show = pd.DataFrame({
+      'id': ok['id'], 'GPUs': ok['gpus'].map(lambda v: _fmt(v, '.0f')),
+      'system': ok['system'],
+      'TP/PP/DP': ok['layout'],
+      'step s': ok['step_s'].map(lambda v: _fmt(v, '.2f')),
+      'MFU': ok['mfu'].map(lambda v: _fmt(v and 100 * v, '.0f') + '%'),
+      'goodput': ok['goodput'].map(lambda v: _fmt(v and 100 * v, '.1f') +
+                                   '%'),
+      'GPU-h pred': ok['pred_gpu_hours'].map(lambda v: _fmt(v, ',.0f')),
+      'GPU-h pub': ok['pub_gpu_hours'].map(lambda v: _fmt(v, ',.0f')),
+      'err': ok['err_gpu_hours_pct'].map(lambda v: _fmt(v, '+.1f')),
+      'days pred': ok['pred_wall_days'].map(lambda v: _fmt(v, '.1f')),
+      'days pub': ok['pub_wall_days'].map(lambda v: _fmt(v, '.1f')),
+      'err ': ok['err_wall_days_pct'].map(lambda v: _fmt(v, '+.1f')),
+      'MWh pred': ok['pred_energy_mwh'].map(lambda v: _fmt(v, ',.0f')),
+      'MWh pub': ok['pub_energy_mwh'].map(lambda v: _fmt(v, ',.0f')),
+      'err  ': ok['err_energy_pct'].map(lambda v: _fmt(v, '+.1f'))})
+    lines += ['', show.to_string(index=False)]
+    rated = ok[ok['rate_gpu_hours'].notna()]
+    if len(rated):
+      show = pd.DataFrame({
+        'id': rated['id'], 'published rate': rated['pub_rate'],
+        'tok/s/GPU': rated['pub_rate_tokens_per_s_per_gpu'].map(
+          lambda v: _fmt(v, '.0f')),
+        'predicted tok/s/GPU': (rated['tokens'] / rated['pred_gpu_hours'] /
+                                3600 / rated['goodput']).map(
+          lambda v: _fmt(v, '.0f')),
+        'GPU-h at that rate': rated['rate_gpu_hours'].map(
+          lambda v: _fmt(v, ',.0f')),
+        'GPU-h pub': rated['pub_gpu_hours'].map(lambda v: _fmt(v, ',.0f')),
+        'err': rated['err_rate_gpu_hours_pct'].map(
+          lambda v: _fmt(v, '+.1f')),
+        'days at that rate': rated['rate_wall_days'].map(
+          lambda v: _fmt(v, '.1f')),
+        'days pub': rated['pub_wall_days'].map(lambda v: _fmt(v, '.1f')),
+        'err ': rated['err_rate_wall_days_pct'].map(
+          lambda v: _fmt(v, '+.1f'))})
+      lines += ['', 'The whole-run layer alone: GPU-hours and days from the '
+                'step rate the source publishes, divided by the predicted '
+                'goodput:',
+                show.to_string(index=False)]
+    if verbose:
+      lines += ['', 'Assumptions and approximations:']
+      for _, r in ok.iterrows():
+        lines.append(f"  {r['id']}: {r['assumptions'] or '-'}")
+        if r['approximations']:
+          lines.append(f"  {' ' * len(r['id'])}  approximations: "
+                       f"{r['approximations']}")
+  s = summary(frame)
+  lines += ['', f"Summary: {s['priced']} of {s['rows']} rows priced, "
+            f"{s['infeasible']} infeasible, {s['not_priced']} not priced"]
+  for metric, label in (('gpu_hours', 'GPU-hours'), ('wall_days', 'days'),
+                        ('energy', 'energy'),
+                        ('gpu_hours_at_published_rate',
+                         'GPU-hours at the published step rate'),
+                        ('wall_days_at_published_rate',
+                         'days at the published step rate')):
+    m = s[metric]
+    if m['n']:
+      lines.append(f"  {label}: {m['n']} rows, |error| median "
+                   f"{m['median_abs_error_pct']:.1f}%, mean "
+                   f"{m['mean_abs_error_pct']:.1f}%, max "
+                   f"{m['max_abs_error_pct']:.1f}%; median error "
+                   f"{m['median_error_pct']:+.1f}%")
+  no = frame[frame['status'] != 'ok']
+  if len(no):
+    lines += ['', 'Not priced (reason):']
+    for _, r in no.iterrows():
+      lines.append(f"  {r['id']} {r['model']}: {r['status']}: {r['reason']}")
+  return '\n'.join(lines)
+
+
+def plot(frame, folder):
+  """Predicted against published GPU-hours (log-log) as
+  ``folder/whole_runs_gpu_hours.png``; returns the paths written."""
+  from calculon import outputs
+  from calculon.plots.common import figure, save
+  ok = frame[(frame['status'] == 'ok') & frame['pub_gpu_hours'].notna()
+             & frame['pred_gpu_hours'].notna()]
+  outputs.ensure_dir(folder)
+  fig, ax = figure(6.0, 5.0)
+  if len(ok):
+    x = ok['pub_gpu_hours'].astype(float)
+    y = ok['pred_gpu_hours'].astype(float)
+    ax.scatter(x, y, color='tab:blue')
+    for _, r in ok.iterrows():
+      ax.annotate(r['id'], (r['pub_gpu_hours'], r['pred_gpu_hours']),
+                  fontsize=7, textcoords='offset points', xytext=(4, 2))
+    lo, hi = min(x.min(), y.min()) / 1.5, max(x.max(), y.max()) * 1.5
+    ax.plot([lo, hi], [lo, hi], 'k--', lw=1, label='predicted = published')
+    ax.fill_between([lo, hi], [lo * 0.8, hi * 0.8], [lo * 1.2, hi * 1.2],
+                    color='gray', alpha=0.15, label='within 20 %')
+    ax.set_xscale('log')
+    ax.set_yscale('log')
+    ax.legend(fontsize=8)
+  ax.set_xlabel('published GPU-hours')
+  ax.set_ylabel('predicted GPU-hours')
+  ax.set_title('Whole pretraining runs')
+  path = os.path.join(folder, 'whole_runs_gpu_hours.png')
+  save(fig, path)
+  return [path]

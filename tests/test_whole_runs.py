@@ -1,0 +1,120 @@
+"""llm-validation --suite whole-runs: complete pretraining runs priced from
+the step to GPU-hours, days and energy (calculon.validation.whole_runs)."""
+
+import csv
+import filecmp
+import json
+import os
+
+import pytest
+
+from calculon.validation import whole_runs as W
+from conftest import ROOT, SHARED, run_cli
+
+BUNDLED = os.path.join(ROOT, 'validation', 'whole_runs.csv')
+
+
+@pytest.fixture(scope='module')
+def frame():
+  suite = W.Suite(ROOT)
+  return W.results_frame(W.run_suite(suite, workers=2))
+
+
+def test_bundled_file_is_the_shared_one():
+  shared = os.path.join(SHARED, 'measurements', 'whole_runs.csv')
+  if not os.path.exists(shared):
+    pytest.skip('../shared is absent')
+  assert filecmp.cmp(shared, BUNDLED, shallow=False)
+
+
+def test_rows_priced_and_flagged(frame):
+  ok = frame[frame['status'] == 'ok'].set_index('id')
+  # Rows with a shape, tokens and a published figure are priced...
+  for rid in ('llama1-7b', 'llama1-65b', 'llama2-70b', 'llama3.1-405b',
+              'opt-175b', 'nemotron-4-15b'):
+    assert rid in ok.index, rid
+  # ... with the layout the row states, or searched and said so.
+  assert ok.loc['llama3.1-405b', 'layout'].startswith('8/16/128 (stated)')
+  assert ok.loc['llama1-65b', 'layout'].endswith('(searched)')
+  assert 'layout=searched' in ok.loc['llama1-65b', 'assumptions']
+  # The GPU count and batch the LLaMA 7B row leaves out are assumed, with
+  # the source.
+  assert 'gpus=2048' in ok.loc['llama1-7b', 'assumptions']
+  assert 'LLaMA (arXiv 2302.13971) Table 2' in \
+    ok.loc['llama1-7b', 'assumptions']
+  # What cannot be priced says why.
+  no = frame[frame['status'] != 'ok'].set_index('id')
+  assert 'tokens_trained not stated' in no.loc['bloom-176b', 'reason']
+  assert 'num_blocks not stated' in no.loc['llama2-34b', 'reason']
+  assert set(W.summary(frame)) >= {'gpu_hours', 'wall_days', 'energy'}
+
+
+def test_the_whole_run_layer_at_the_published_step_rate(frame):
+  """GPU-hours and days from the step rate each source publishes (LLaMA's
+  380 tokens/s/GPU, Llama 3's 41 % MFU at 16,384 GPUs, OPT's 147 TFLOP/s,
+  Nemotron-4's 30.5 % MFU) divided by the predicted goodput: the
+  interruption, checkpoint and restart model alone."""
+  s = W.summary(frame)
+  assert s['gpu_hours_at_published_rate']['n'] >= 3
+  assert s['gpu_hours_at_published_rate']['median_abs_error_pct'] <= 20
+  assert s['wall_days_at_published_rate']['median_abs_error_pct'] <= 20
+  row = frame.set_index('id').loc['llama3.1-405b']
+  assert row['pub_rate'] == 'MFU 41%'
+  assert abs(row['err_rate_gpu_hours_pct']) <= 5
+
+
+@pytest.mark.xfail(strict=True, reason=(
+  'not met: the searched or partly stated executions run at 46-73 % MFU in '
+  "calculon's step model where the runs reported 30-47 %; the step, not the "
+  'whole-run layer, is off (docs/accuracy.md, "Whole runs")'))
+def test_gpu_hours_median_error_within_20_percent(frame):
+  assert W.summary(frame)['gpu_hours']['median_abs_error_pct'] <= 20
+
+
+def test_parse_layout():
+  text = ('4D [TP,CP,PP,DP(FSDP)]: 8,192 GPUs TP8/CP1/PP16/DP64; 16,384 GPUs '
+          'TP8/CP1/PP16/DP128; 16,384 GPUs TP8/CP16/PP16/DP4 (131,072 seq)')
+  assert W.parse_layout(text, 16384) == (8, 16, 128, 1)
+  assert W.parse_layout(text, 8192) == (8, 16, 64, 1)
+  assert W.parse_layout('TP4 / PP12 / DP8 (one replica = 48 GPUs), ZeRO-1',
+                        384) == (4, 12, 8, None)
+  assert W.parse_layout('FSDP + Megatron-LM tensor parallelism (8x TP stated '
+                        'for the 11.xx lineage)', 992) == (8, None, None,
+                                                            None)
+  assert W.parse_layout('model + sequence parallelism; degrees not stated',
+                        2048) == (None, None, None, None)
+
+
+def _one_row(tmp_path, rid):
+  with open(BUNDLED, newline='') as fd:
+    rows = [r for r in csv.DictReader(fd) if r['id'] == rid]
+  path = tmp_path / 'runs.csv'
+  with open(path, 'w', newline='') as fd:
+    writer = csv.DictWriter(fd, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+  return path
+
+
+def test_cli_runs_and_outputs(tmp_path):
+  runs = _one_row(tmp_path, 'nemotron-4-15b')
+  out = tmp_path / 'out'
+  res = run_cli('llm-validation', '--suite', 'whole-runs', '--runs', runs,
+                '--out', out, '--plot', tmp_path / 'plots')
+  assert res.returncode == 0, res.stderr
+  assert 'nemotron-4-15b' in res.stdout and 'days' in res.stdout
+  summary = json.loads((out / 'whole_runs_summary.json').read_text())
+  assert summary['priced'] == 1 and summary['wall_days']['n'] == 1
+  assert (out / 'whole_runs_results.csv').exists()
+  assert (tmp_path / 'plots' / 'whole_runs_gpu_hours.png').exists()
+
+
+def test_cli_bad_runs_file(tmp_path):
+  bad = tmp_path / 'bad.csv'
+  bad.write_text('model,source\nx,y\n')
+  for path, fragment in ((bad, 'missing column(s) seq_len'),
+                         (tmp_path / 'none.csv', 'no such file')):
+    res = run_cli('llm-validation', '--suite', 'whole-runs', '--runs', path)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], lines
