@@ -18,6 +18,11 @@ Usage (from the repository root):
   python benchmarks/snapshot.py --write out/snapshot.json [--only ab]
   python benchmarks/snapshot.py --check out/snapshot.json [--only ab]
 
+tests/data/snapshot.json.gz (published rows and search (a)) is the one the
+test suite checks (tests/test_snapshot.py): a change that moves a number
+on purpose writes it again with ``--write tests/data/snapshot.json.gz
+--only a`` and says so in docs/changelog.md.
+
 ``--check`` prints each difference and exits 1 if there is one.  Numbers
 must agree to 1e-12 relative (the moves may reorder floating-point sums);
 everything else exactly.
@@ -122,6 +127,14 @@ def search(only):
   return out
 
 
+def _open(path, mode):
+  """A snapshot file, gzip-compressed when its name ends in .gz."""
+  if path.endswith('.gz'):
+    import gzip
+    return gzip.open(path, mode + 't', encoding='utf-8')
+  return open(path, mode, encoding='utf-8')
+
+
 def diff(a, b, path=''):
   """Differences between two snapshots, as text lines."""
   out = []
@@ -164,12 +177,12 @@ def main():
     snap['search'] = search(only)
   if args.write:
     os.makedirs(os.path.dirname(os.path.abspath(args.write)), exist_ok=True)
-    with open(args.write, 'w') as f:
+    with _open(args.write, 'w') as f:
       json.dump(snap, f, indent=1, sort_keys=True)
     print(f'wrote {args.write}: {len(snap.get("published", {}))} rows, '
           f'{len(snap.get("search", {}))} searches')
     return 0
-  with open(args.check) as f:
+  with _open(args.check, 'r') as f:
     old = json.load(f)
   old = {k: v for k, v in old.items() if k in snap}
   if 'search' in old:

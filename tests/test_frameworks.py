@@ -1,0 +1,244 @@
+"""Framework presets (issue 33): the presets as data, the resolution rule,
+what a strict preset refuses, the commands, the search within a
+framework's options and the user's constraints, and how ties break."""
+
+import copy
+import json
+
+import numpy as np
+import pytest
+
+from calculon import frameworks
+from calculon.config import Application, Execution, registry
+from calculon.errors import ConfigError
+from calculon.frameworks import resolve_execution
+from calculon.hardware import System
+from calculon.search import SearchSpec, count_space, groups, \
+  optimal_executions
+from calculon.search.exhaustive import Best, sort_key
+from calculon.search.grid import execution_record
+from conftest import ROOT, load_json, repo, run_cli
+
+LLAMA8 = repo('models', 'llama3-8B.json')
+H100 = repo('systems', 'h100_sxm_80g.json')
+#: A hand-written execution for Llama 3 8B on 16 H100s (Calculon's 23
+#: fields only).
+EXE = {
+  'num_procs': 16, 'tensor_par': 2, 'pipeline_par': 2, 'data_par': 4,
+  'tensor_par_net': 0, 'pipeline_par_net': 0, 'data_par_net': 1,
+  'batch_size': 64, 'microbatch_size': 1, 'datatype': 'bfloat16',
+  'fused_activation': True, 'activation_recompute': 'none',
+  'pipeline_interleaving': 2, 'optimizer_sharding': True,
+  'tensor_par_comm_type': 'rs_ag', 'tensor_par_overlap': 'none',
+  'seq_par_ag_redo': True, 'data_par_overlap': True,
+  'weight_offload': False, 'activations_offload': False,
+  'optimizer_offload': False, 'training': True}
+
+
+def llama8():
+  return Application.from_dict(load_json(LLAMA8))
+
+
+def test_bundled_presets_cover_the_issue():
+  """At least Calculon's own, Megatron-LM of the 2021-2022 papers,
+  Megatron-DeepSpeed 2022, Megatron-Core as NeMo 2 / Megatron-Bridge run
+  it, torchtitan and DeepSpeed ZeRO; every rule and option names its
+  source."""
+  names = frameworks.names()
+  for name in ('calculon', 'megatron-lm-2021', 'megatron-lm-2022',
+               'megatron-deepspeed-2022', 'megatron-core', 'torchtitan',
+               'deepspeed-zero'):
+    assert name in names
+  for name in names:
+    preset = frameworks.load(name)
+    assert preset.source and preset.title and preset.era, name
+    for field, rule in preset.rules.items():
+      assert rule.source or all(c.source for c in rule.cases), (name, field)
+    for con in preset.constraints:
+      assert con.source, (name, con.check)
+  # Megatron-Core's distributed optimizer shards the optimizer state, not
+  # the gradients: ZeRO-2 only through Megatron-FSDP, and not in 2025.
+  old = frameworks.load('megatron-core-2025').rules['data_par_sharding']
+  assert 'gradients' not in old.all_values
+  assert 'gradients' in frameworks.load('deepspeed-zero').rules[
+    'data_par_sharding'].all_values
+
+
+def test_resolution_rule():
+  """Written > the execution's framework > the default: calculon for
+  Calculon files, megatron-core otherwise."""
+  app = llama8()
+  exe, sets = resolve_execution(app, Execution.from_dict(EXE))
+  assert exe.framework == frameworks.RECOMMENDED == 'megatron-core'
+  assert exe.optimizer_traffic == 'fused_adam' and exe.checkpoint_layout \
+    == 'as_input' and exe.tensor_par_async_backward is True
+  assert sets['optimizer_traffic'] == 'fused_adam'
+  # Calculon's optimizer_sharding: true is Megatron-Core's distributed
+  # optimizer under its preset.
+  assert exe.data_par_sharding == 'optimizer'
+  written = dict(EXE, optimizer_traffic='state_once',
+                 framework='torchtitan', data_par_overlap=False)
+  exe, _ = resolve_execution(app, Execution.from_dict(written))
+  assert exe.framework == 'torchtitan'
+  assert exe.optimizer_traffic == 'state_once'          # written wins
+  assert exe.cross_entropy_kernel == 'unfused'          # torchtitan's
+  # A framework given to the run (--framework) replaces the execution's.
+  exe, _ = resolve_execution(app, Execution.from_dict(written),
+                             framework='megatron-core')
+  assert exe.framework == 'megatron-core' and \
+    exe.cross_entropy_kernel == 'fused'
+  # A Calculon application and execution: Calculon's semantics.
+  calc_app = Application.from_dict(load_json(repo('models',
+                                                  'megatron-1T.json')))
+  exe, sets = resolve_execution(calc_app, Execution.from_dict(load_json(
+    repo('examples', '3072_t4_p64_d12_mbs4_full.json'))))
+  assert exe.framework == 'calculon' and sets == {}
+  assert exe.optimizer_traffic == 'state_once'
+
+
+def test_strict_presets_refuse_what_their_framework_lacks():
+  app = llama8()
+  with pytest.raises(ConfigError, match="field 'data_par_sharding' = "
+                     '"gradients" is not allowed with framework '
+                     "'megatron-core-2025': it supports"):
+    resolve_execution(app, Execution.from_dict(dict(
+      EXE, data_par_sharding='gradients', framework='megatron-core-2025')))
+  with pytest.raises(ConfigError, match="framework 'deepspeed-zero'"):
+    resolve_execution(app, Execution.from_dict(dict(
+      EXE, tensor_par_overlap='ring', framework='deepspeed-zero')))
+  # Megatron-Core's interleaved schedule: microbatches a multiple of PP
+  # (batch 64 / DP 4 / mbs 1 = 16 microbatches: fine; 20 with batch 80).
+  with pytest.raises(ConfigError, match='multiple of pipeline_par'):
+    resolve_execution(app, Execution.from_dict(dict(
+      EXE, batch_size=40, pipeline_par=2, data_par=4, num_procs=16,
+      microbatch_size=2)))
+  # Megatron-LM of 2021: no interleaving with PP 2.
+  with pytest.raises(ConfigError, match='pipeline_par >= 3'):
+    resolve_execution(app, Execution.from_dict(dict(
+      EXE, tensor_par_comm_type='ar', seq_par_ag_redo=False,
+      data_par_overlap=False, optimizer_sharding=False,
+      framework='megatron-lm-2021')))
+  # Calculon's preset accepts anything written.
+  resolve_execution(app, Execution.from_dict(dict(
+    EXE, data_par_sharding='gradients', framework='calculon')))
+
+
+def test_frameworks_command():
+  res = run_cli('frameworks')
+  assert res.returncode == 0, res.stderr
+  for name in ('calculon', 'megatron-lm-2021', 'megatron-core', 'torchtitan',
+               'deepspeed-zero'):
+    assert name in res.stdout
+  res = run_cli('frameworks', 'torchtitan')
+  assert res.returncode == 0
+  assert 'sets (behaviours):' in res.stdout and 'offload:' in res.stdout
+  assert 'fsdp_buffer_copies' in res.stdout and 'source:' in res.stdout
+  res = run_cli('frameworks', '--json', 'megatron-core')
+  assert json.loads(res.stdout)[0]['name'] == 'megatron-core'
+
+
+@pytest.mark.parametrize('command', [
+  ['frameworks', 'nosuch'],
+  ['llm', LLAMA8, repo('examples', '3072_t4_p64_d12_mbs4_full.json'), H100,
+   '-', '--framework', 'nosuch'],
+  ['llm-optimal-execution', LLAMA8, '8', '16', 'bfloat16', H100,
+   '/tmp/calculon-never-written.json', '--framework', 'nosuch'],
+  ['llm-all-executions', LLAMA8, '8', '16', 'bfloat16', H100,
+   '/tmp/calculon-never-written.csv', '--framework', 'nosuch'],
+  ['llm-validation', '-s', 'published', '--framework', 'nosuch'],
+])
+def test_unknown_framework_is_one_line_exit_2(command):
+  res = run_cli(*command)
+  assert res.returncode == 2, res.stderr
+  lines = res.stderr.strip().splitlines()
+  assert len(lines) == 1 and 'Traceback' not in res.stderr
+  assert "framework 'nosuch' is not allowed: one of" in lines[0]
+  assert 'megatron-core' in lines[0] and 'torchtitan' in lines[0]
+
+
+def test_search_within_the_frameworks_options_and_limits():
+  app, system = llama8(), System(load_json(H100))
+  spec = SearchSpec(app, system, 64, 256, 'bfloat16', framework='torchtitan',
+                    limits={'tp': ((1, 2),), 'pp': ((1, 1), (4, 4)),
+                            'mbs': ((1, 2),)})
+  gs = groups(spec)
+  assert gs and all(g.tp in (1, 2) and g.pp in (1, 4) for g in gs)
+  for g in gs:
+    assert set(g.values['microbatch_size']) <= {1, 2}
+    # torchtitan: FSDP2 (or DDP); with PP its weights stay gathered.
+    assert set(g.values['data_par_sharding']) <= {1, 3, 0}
+    assert g.values['tensor_par_overlap'] in ([0], [0, 1])
+  # No offload: a smaller space, and no candidate offloads.
+  plain = SearchSpec(app, system, 64, 256, 'bfloat16', framework='torchtitan')
+  none = SearchSpec(app, system, 64, 256, 'bfloat16', framework='torchtitan',
+                    no_offload=True)
+  assert count_space(none) < count_space(plain)
+  assert all(g.values[k] == [False] for g in groups(none)
+             for k in ('weight_offload', 'activations_offload',
+                       'optimizer_offload'))
+  # Megatron-Core offloads activations or the optimizer, never weights.
+  mc = SearchSpec(app, system, 64, 256, 'bfloat16')
+  assert mc.framework == 'megatron-core'
+  assert all(g.values['weight_offload'] == [False] for g in groups(mc))
+
+
+def test_search_best_written_back_prices_the_same(tmp_path):
+  """The search's best, written as Calculon's fields plus `framework` (and
+  only the options its preset would not give), prices identically with
+  ``calculon llm``: nothing of a framework is hard-coded in the search."""
+  out = tmp_path / 'best.json'
+  res = run_cli('llm-optimal-execution', LLAMA8, 16, 64, 'float8', H100,
+                out, '-q', '-t', '3', '--no-offload', '--framework',
+                'megatron-core')
+  assert res.returncode == 0, res.stderr
+  best = load_json(out)
+  behaviours = set(registry.behaviours())
+  calculon_fields = {n for n, f in registry.FIELDS['execution'].items()
+                     if f.calculon and n != 'attention_type'}
+  for key, entry in best.items():
+    record = entry['execution']
+    assert record['framework'] == 'megatron-core'
+    assert calculon_fields <= set(record)
+    assert not behaviours & set(record), key
+    assert entry['framework']['set']['optimizer_traffic'] == 'fused_adam'
+    exe = tmp_path / f'exe{key}.json'
+    exe.write_text(json.dumps(record))
+    stats = tmp_path / f'stats{key}.json'
+    one = run_cli('llm', LLAMA8, exe, H100, stats)
+    assert one.returncode == 0, one.stderr
+    again = load_json(stats)
+    assert again['sample_rate'] == entry['stats']['sample_rate']
+    assert again['framework'] == 'megatron-core'
+
+
+def test_ties_go_to_the_simpler_execution():
+  """Equal sample rates: fewer offloads first, then less memory, then
+  fewer pipeline stages, then enumeration order (outside Calculon's space,
+  which keeps Calculon's order for golden parity).  A tier-2 memory fast
+  enough to hide every offload makes offloading and not offloading tie
+  exactly; the search puts the execution without offload first."""
+  key = sort_key
+  a = Best(10.0, 0, 5, (1, 2e9, 2))
+  b = Best(10.0, 1, 1, (0, 9e9, 8))      # no offload: first
+  c = Best(10.0, 0, 9, (0, 3e9, 8))      # no offload, less memory: first
+  d = Best(10.0, 0, 2, (0, 3e9, 4))      # fewer stages: first
+  e = Best(11.0, 5, 5, (3, 9e9, 9))      # a higher rate beats everything
+  assert sorted([a, b, c, d, e], key=key) == [e, d, c, b, a]
+  app = llama8()
+  cfg = copy.deepcopy(load_json(H100))
+  cfg['mem2'] = {'GiB': 2048, 'GBps': 1e6, 'MB_efficiency': [[0, 1.0]]}
+  system = System(cfg)
+  spec = SearchSpec(app, system, 8, 16, 'bfloat16', framework='common',
+                    limits={'tp': ((1, 1),), 'pp': ((4, 4),),
+                            'mbs': ((1, 1),)})
+  result = optimal_executions(spec, 40, workers=1, chunk_size=1 << 12)
+  best = result.best
+  ties = 0
+  for x, y in zip(best, best[1:]):
+    assert x.rate > y.rate or (x.rate == y.rate and x.tie <= y.tie)
+    if x.rate == y.rate and x.tie[0] < y.tie[0]:
+      ties += 1
+  assert ties, 'no offload tie in the top 40'
+  first = execution_record(spec, result.groups[best[0].group], best[0].flat)
+  assert not (first['weight_offload'] or first['activations_offload'] or
+              first['optimizer_offload'])
