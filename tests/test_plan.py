@@ -334,3 +334,19 @@ def test_bad_outputs_fail_before_work(tmp_path):
                   '--batch', '2048', option, path)
     assert res.returncode == 2 and res.stdout == ''
     assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_optimal_execution_objective_through_the_cli(tmp_path):
+  """llm-optimal-execution --objective: the best entry carries its
+  objective and whole run; the ranking is proven by the bound."""
+  out = tmp_path / 'best.json'
+  res = run_cli('llm-optimal-execution', repo('models', 'llama2-7B.json'),
+                8, 32, 'bfloat16', H100, out, '-q', '-t', '2',
+                '--objective', 'time-to-train')
+  assert res.returncode == 0, res.stderr
+  assert 'proven' in res.stdout
+  best = load_json(out)
+  assert best['0']['objective']['name'] == 'time-to-train'
+  assert best['0']['objective']['unit'] == 's'
+  assert 0.5 < best['0']['whole_run']['goodput'] <= 1
+  assert best['0']['objective']['value'] <= best['1']['objective']['value']

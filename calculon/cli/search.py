@@ -182,6 +182,13 @@ def add_parsers(sp):
                  help='number of best executions to write (default 1)')
   p.add_argument('-l', '--layers', action='store_true',
                  help='include per-layer statistics')
+  p.add_argument('--objective', default='throughput',
+                 choices=('throughput', 'time-to-train', 'cost', 'energy'),
+                 help='what the best minimizes (default throughput: the '
+                 "fastest step; the others price each execution's whole "
+                 "run -- failures, checkpoints, power, the system's "
+                 'reliability/storage/power sections or their defaults -- '
+                 'and re-rank exactly, docs/plan.md)')
   p.set_defaults(func=run_optimal)
 
   q = sp.add_parser(
@@ -271,6 +278,8 @@ def run_optimal(args, log):
   total = S.count_space(spec)
   progress = _Progress(total, args.quiet)
   log.info(f'Search space: {spec.space} (framework {spec.framework})')
+  if args.objective != 'throughput':
+    return _run_objective(args, log, spec, progress)
   result = S.optimal_executions(spec, args.top_n, _cpus(args), args.chunk,
                                 progress)
   progress.close()
@@ -297,6 +306,30 @@ def run_optimal(args, log):
     raise
   log.info(f'Output: {args.output}')
   return EXIT_INTERRUPTED if result.partial else EXIT_OK
+
+
+def _run_objective(args, log, spec, progress):
+  """llm-optimal-execution --objective time-to-train|cost|energy: the
+  exact re-ranking of :func:`calculon.plan.objective.rank`."""
+  from calculon.llm.results import write_best
+  from calculon.plan import objective as O
+  ranked = O.rank(spec, args.objective, args.top_n, _cpus(args),
+                  chunk_size=args.chunk, on_progress=progress, log=log)
+  progress.close()
+  result = ranked.search
+  _summary(log, result.total, result.evaluated, result.feasible,
+           result.reasons, result.elapsed_s, args.mbs_break, result.pruned)
+  if not ranked.best:
+    log.info('No acceptable configurations found :(')
+    return EXIT_INTERRUPTED if ranked.partial else (
+      EXIT_OK if args.noneok else EXIT_INFEASIBLE)
+  log.info(f'Objective {args.objective}: best {ranked.best[0].value:.6g} '
+           f'{ranked.unit} (the best of the top {ranked.searched} by sample '
+           f"rate; {'proven' if ranked.proven else 'not proven'})")
+  output = O.to_output(spec, ranked, args.layers)
+  write_best(output, args.output, partial=ranked.partial, rescue=True)
+  log.info(f'Output: {args.output}')
+  return EXIT_INTERRUPTED if ranked.partial else EXIT_OK
 
 
 def run_all(args, log):
