@@ -108,12 +108,24 @@ class VocabTerms:
     they grow), and the steady state adds max(E - b, H - b, 0), never
     running faster than the middle stages.
     """
-    e = self._stage_time_s(self.embed)
-    h = self._stage_time_s(self.head)
+    block_s = 0.0
     if np.any(self.vocab_in_split):
       # The end stages run E and H in place of one block each.
       block_s = self.baseblock_fw_time_no_offload_s + np.where(
         self.training, self.baseblock_bw_time_no_offload_s, 0)
+    return self.vocab_time_for_s(block_s)
+
+  def vocab_time_for_s(self, block_s):
+    """:attr:`vocab_time_s` with ``block_s`` the forward + backward
+    seconds of one block of the end stages (used only where the split
+    counts the embedding and the loss).  The search's bound
+    (:func:`calculon.search.bound.rate_bound`) calls it with a lower
+    bound of the block time: with S >= 2 block slots a stage (PP <= L <
+    L + 2), the blocks' S x nmb x b plus this term grow with b (the term
+    falls by at most (nmb + 1) b), so the sum stays a lower bound."""
+    e = self._stage_time_s(self.embed)
+    h = self._stage_time_s(self.head)
+    if np.any(self.vocab_in_split):
       b = np.where(self.vocab_in_split, block_s, 0)
       e, h = e - b, h - b
     # E and H are >= 0 without the split, so the floor acts only with it.
