@@ -47,6 +47,42 @@ MEMORY_KINDS = (
 )
 
 
+#: The parts of the batch time that are not the blocks' own compute: what
+#: can bind an execution (:func:`binding`).
+OVERHEAD_PARTS = tuple(p for p in TIME_PARTS if p[1] not in (
+  'fw_time', 'bw_time', 'optim_step_time'))
+#: Share of memory tier 1 above which memory binds an execution.
+MEMORY_BINDS = 0.95
+
+
+def binding(stats, mem1_capacity_bytes):
+  """What binds an execution: memory when it uses at least
+  :data:`MEMORY_BINDS` of tier 1 (a faster option would not fit), else
+  the largest part of its batch time beyond the blocks' compute
+  (:data:`OVERHEAD_PARTS`: the bubble, an exposed communication,
+  recomputation, offload...).
+
+  Args:
+    stats: the statistics of ``calculon llm`` (a dict of seconds and
+      bytes).
+    mem1_capacity_bytes: tier-1 capacity.
+
+  Returns:
+    {'term': 'memory' or a part's label, 'memory_used': share of tier 1,
+    'largest_overhead': label, 'overhead_s': its seconds,
+    'overhead_share': its share of the batch time}.
+  """
+  total = stats['total_time']
+  label, key = max(OVERHEAD_PARTS, key=lambda p: stats.get(p[1]) or 0.0)
+  seconds = stats.get(key) or 0.0
+  used = stats['proc_mem_tier1_cap_req'] / mem1_capacity_bytes \
+    if mem1_capacity_bytes else 0.0
+  return {'term': 'memory' if used >= MEMORY_BINDS else label,
+          'memory_used': used, 'largest_overhead': label,
+          'overhead_s': seconds,
+          'overhead_share': seconds / total if total else 0.0}
+
+
 class RunData:
   """Everything a report shows about one run (plain data).
 

@@ -242,3 +242,29 @@ def test_ties_go_to_the_simpler_execution():
   first = execution_record(spec, result.groups[best[0].group], best[0].flat)
   assert not (first['weight_offload'] or first['activations_offload'] or
               first['optimizer_offload'])
+
+
+def test_top_n_are_distinct_with_margin_and_what_binds():
+  """Issue 34: the top N are distinct executions (none prices exactly as
+  a better one: same rate, offloads, memory and stages), each with its
+  margin to the next and the term that binds it."""
+  from calculon.llm.results import best_to_output
+  from calculon.report import OVERHEAD_PARTS
+  app, system = llama8(), System(load_json(H100))
+  spec = SearchSpec(app, system, 8, 32, 'bfloat16', framework='common',
+                    limits={'pp': ((1, 2),)})
+  result = optimal_executions(spec, 12, workers=1)
+  keys = [(b.rate, b.tie) for b in result.best]
+  assert len(result.best) == 12 and len(set(keys)) == len(keys)
+  out = best_to_output(spec, result)
+  labels = {'memory'} | {label for label, _ in OVERHEAD_PARTS}
+  for i in range(12):
+    entry = out[str(i)]
+    assert entry['binds']['term'] in labels
+    assert 0 < entry['binds']['memory_used'] <= 1
+    if i < 11:
+      nxt = out[str(i + 1)]['stats']['sample_rate']
+      assert entry['margin_to_next_pct'] == pytest.approx(
+        100 * (entry['stats']['sample_rate'] / nxt - 1), rel=1e-9)
+      assert entry['margin_to_next_pct'] >= 0
+  assert out['11']['margin_to_next_pct'] is None

@@ -12,6 +12,7 @@ import math
 from calculon import io, outputs
 from calculon.errors import ConfigError
 from calculon.llm.compat import Llm
+from calculon.report import binding
 from calculon.search.grid import execution_record
 
 
@@ -22,7 +23,9 @@ def best_to_output(spec, result, layers=False):
   record written (what ``calculon llm`` gives for it).  Under a preset
   other than Calculon's, each entry also holds ``framework``: its name and
   ``set``, what the preset set ({field: value}), and ``resolved``: every
-  field as priced.
+  field as priced; ``binds``, what binds it (:func:`calculon.report.
+  binding`: memory, or its largest overhead); and ``margin_to_next_pct``,
+  how much faster it is than the next (None for the last).
 
   Raises:
     RuntimeError: a re-priced sample rate disagrees with the search (an
@@ -43,6 +46,10 @@ def best_to_output(spec, result, layers=False):
       entry['framework'] = {'name': spec.framework,
                             'set': dict(model.framework_settings),
                             'resolved': model.exe.config.to_dict()}
+      entry['binds'] = binding(stats, spec.system.mem1.capacity_bytes)
+      nxt = result.best[rank + 1] if rank + 1 < len(result.best) else None
+      entry['margin_to_next_pct'] = None if nxt is None else \
+        100.0 * (best.rate / nxt.rate - 1.0)
     output[str(rank)] = entry
   return output
 

@@ -13,7 +13,11 @@ Ties: the best are the highest sample rates.  Under Calculon's preset,
 equal rates keep Calculon's enumeration order (its stable sort: golden
 parity of searches).  Under any other preset an equal rate goes to the
 simpler execution: fewer offloads, then less memory (tier 1), then fewer
-pipeline stages, then enumeration order (:func:`tie_key`).
+pipeline stages, then enumeration order (:func:`tie_key`); and the kept
+executions are distinct: one that prices exactly as a better one (the
+same rate, offloads, memory and stages: it differs only in a flag that
+changes nothing, such as a TP communication type at TP 1) is not kept
+(:func:`distinct`).
 """
 
 from dataclasses import dataclass, field
@@ -58,9 +62,21 @@ def tie_key(spec, group, offloads, mem1_bytes):
   return (int(offloads), float(mem1_bytes), int(group.pp))
 
 
+def distinct(ordered):
+  """``ordered`` (sorted by :func:`sort_key`) without the entries that
+  price exactly as the one before them (equal rate and tie key; only
+  where there is a tie key: Calculon's space keeps every execution)."""
+  out = []
+  for b in ordered:
+    if out and b.tie and b.tie == out[-1].tie and b.rate == out[-1].rate:
+      continue
+    out.append(b)
+  return out
+
+
 def merge_best(best, more, top_n):
-  """Merges two best lists (see :func:`sort_key`)."""
-  return sorted(best + more, key=sort_key)[:top_n]
+  """Merges two best lists (see :func:`sort_key`, :func:`distinct`)."""
+  return distinct(sorted(best + more, key=sort_key))[:top_n]
 
 
 @dataclass
@@ -92,11 +108,9 @@ class ChunkResult:
       vals = rate[feasible]
       offloads = _offloads_at(group, cells[feasible])
       mem = mem1[feasible]
-      order = _order(spec, vals, offloads, mem, flat)[:top_n]
-      self.best = merge_best(self.best, [
-        Best(float(vals[o]), group.index, int(flat[o]),
-             tie_key(spec, group, offloads[o], mem[o])) for o in order],
-        top_n)
+      order = _order(spec, vals, offloads, mem, flat)
+      self.best = merge_best(self.best, _first_distinct(
+        spec, group, order, vals, flat, offloads, mem, top_n), top_n)
 
 
 def _offloads_at(group, cells):
@@ -106,6 +120,21 @@ def _offloads_at(group, cells):
     i = group.axes.index(name)
     n += np.asarray(group.values[name], dtype=bool)[cells[:, i]]
   return n
+
+
+def _first_distinct(spec, group, order, rate, flat, offloads, mem1, top_n):
+  """The first ``top_n`` distinct :class:`Best` of the entries taken in
+  ``order`` (index arrays over ``rate``, ``flat``...)."""
+  out = []
+  for o in order:
+    b = Best(float(rate[o]), group.index, int(flat[o]),
+             tie_key(spec, group, offloads[o], mem1[o]))
+    if out and b.tie and b.tie == out[-1].tie and b.rate == out[-1].rate:
+      continue
+    out.append(b)
+    if len(out) == top_n:
+      break
+  return out
 
 
 def _order(spec, rate, offloads, mem1, flat):
@@ -178,7 +207,8 @@ def top_of(spec, rate, feasible, mem1, top_n, chunk):
     return []
   vals = flat_rate[idx]
   if len(idx) > top_n:
-    kth = np.partition(vals, len(vals) - top_n)[len(vals) - top_n]
+    kth = _kth_distinct_rate(vals, top_n) if spec.modern else \
+      np.partition(vals, len(vals) - top_n)[len(vals) - top_n]
     keep = vals >= kth
     idx, vals = idx[keep], vals[keep]
   offset = chunk.offset
@@ -187,9 +217,22 @@ def top_of(spec, rate, feasible, mem1, top_n, chunk):
   cells[:, :len(chunk.prefix)] += np.asarray(chunk.prefix, dtype=np.int64)
   offloads = _offloads_at(group, cells)
   mem = np.broadcast_to(mem1, chunk.shape).reshape(-1)[idx]
-  order = _order(spec, vals, offloads, mem, idx)[:top_n]
-  return [Best(float(vals[o]), group.index, offset + int(idx[o]),
-               tie_key(spec, group, offloads[o], mem[o])) for o in order]
+  order = _order(spec, vals, offloads, mem, idx)
+  return _first_distinct(spec, group, order, vals, offset + idx, offloads,
+                         mem, top_n)
+
+
+def _kth_distinct_rate(vals, top_n):
+  """The ``top_n``-th largest distinct value of ``vals`` (or the smallest
+  when there are fewer): every entry at or above it may be among the
+  ``top_n`` distinct executions."""
+  m = top_n
+  while True:
+    m = min(4 * m, len(vals))
+    top = np.partition(vals, len(vals) - m)[len(vals) - m:]
+    unique = np.unique(top)
+    if len(unique) >= top_n or m == len(vals):
+      return unique[-min(top_n, len(unique))]
 
 
 def mbs_break_mask(feasible, valid, axes):
