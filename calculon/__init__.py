@@ -1,5 +1,7 @@
-"""calculon: analytical performance model for training and serving large
-language models on large GPU clusters.
+"""calculon: analytical performance model for training large language
+models on large GPU clusters (a training step, or with ``training: false``
+a forward pass; serving -- decode, KV cache, request batching -- is not
+modelled).
 
 Calculon-compatible entry points: ``from calculon import System`` and
 ``from calculon.llm import Llm``.

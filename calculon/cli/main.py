@@ -121,7 +121,8 @@ def build_parser(argv=None):
   ap = _Parser(
     prog='calculon',
     description='Calculon: co-design for large scale parallel applications '
-    '(analytical performance model of LLM training and inference).')
+    '(analytical performance model of LLM training steps; with training:'
+    ' false, of a forward pass).')
   ap.add_argument('-l', '--log', default='-',
                   help='log file, or - for stdout (default)')
   ap.add_argument('-v', '--verbosity', default='INFO',
