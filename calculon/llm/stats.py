@@ -125,7 +125,7 @@ MODERN_STATS = (
   _S('embedding_lm_head_dp_time', 'vocab_dp_time_s', 's', 'DP communication of the embedding and LM head weights'),
   _S('embedding_weight_space', 'embed.weight_bytes', 'B', 'embedding weights (unsharded), first stage'),
   _S('lm_head_weight_space', 'head.weight_bytes', 'B', 'LM head weights (unsharded), last stage'),
-  _S('lm_head_act_space', '_head_activation_bytes', 'B', 'LM head and loss activations (logits), last stage'),
+  _S('lm_head_act_space', 'head_activation_bytes', 'B', 'LM head and loss activations (logits), last stage'),
   _S('ep_comm_link_time', 'ep_comm_link_time_s', 's', 'expert-parallel token dispatch and combine on the link'),
   _S('ep_comm_exposed_time', 'ep_comm_exposed_time_s', 's', 'expert-parallel communication exposed'),
   _S('expert_weight_space', 'expert_weight_bytes', 'B', 'routed-expert weights per processor (unsharded)'),

@@ -193,12 +193,6 @@ class VocabTerms:
     return h.act_working_bytes + np.where(self.training, h.act_storage_bytes,
                                           0)
 
-  @property
-  def _head_activation_bytes(self):
-    """:attr:`head_activation_bytes` (the name
-    :data:`calculon.llm.stats.STATS` reads)."""
-    return self.head_activation_bytes
-
   @cached_property
   def vocab_memory_last(self):
     """Tier-1 bytes by kind of the LM head on the last stage."""
