@@ -175,6 +175,41 @@ def read_table(filename):
                     'records', source=filename)
 
 
+def read_runs_csv(path, required, columns, what):
+  """A CSV file of measured runs as a DataFrame of strings (blanks ''),
+  every column of ``columns`` present (those it lacks are blank).
+
+  Args:
+    path: the file.
+    required: the columns it must have.
+    columns: the columns such a file has (named in the message).
+    what: what such a file is, for the message ('a runs file').
+
+  Raises:
+    ConfigError: a missing or unreadable file, a required column missing
+      (one line naming the file, the columns and what is allowed).
+  """
+  import pandas as pd
+  if not os.path.exists(path):
+    raise ConfigError(f'{path}: no such file', source=path)
+  try:
+    frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+  except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as err:
+    raise ConfigError(f'{path}: not a readable CSV file: {err}',
+                      source=path) from None
+  missing = [c for c in required if c not in frame.columns]
+  if missing:
+    raise ConfigError(
+      f"{path}: missing column(s) {', '.join(missing)} ({what} has the "
+      f"columns {', '.join(columns)}; of them {', '.join(required)} are "
+      'required)', source=path, field=missing[0],
+      allowed=', '.join(columns))
+  for col in columns:
+    if col not in frame.columns:
+      frame[col] = ''
+  return frame
+
+
 def write_table(frame, filename, rescue=False):
   """Writes a result DataFrame as .csv(.gz), .parquet or .json(.gz),
   atomically (:mod:`calculon.outputs`).

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from calculon.errors import ConfigError
+from calculon.io import read_runs_csv
 from calculon.validation import conventions as conventions_mod
 from calculon.validation.mapping import (
   AXES, CONVERSIONS, FACT_COLUMNS, FLOPS_CONVENTION_TEXT, OVERRIDE_COLUMNS,
@@ -62,23 +63,8 @@ def read_runs(paths):
     paths = [paths]
   frames = []
   for path in paths:
-    if not os.path.exists(path):
-      raise ConfigError(f'{path}: no such file', source=path)
-    try:
-      frame = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as err:
-      raise ConfigError(f'{path}: not a readable CSV file: {err}',
-                        source=path) from None
-    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
-    if missing:
-      raise ConfigError(
-        f"{path}: missing column(s) {', '.join(missing)} (a runs file has "
-        f"the columns {', '.join(FACT_COLUMNS)}; of them "
-        f"{', '.join(REQUIRED_COLUMNS)} are required)",
-        source=path, field=missing[0], allowed=', '.join(FACT_COLUMNS))
-    for col in FACT_COLUMNS:
-      if col not in frame.columns:
-        frame[col] = ''
+    frame = read_runs_csv(path, REQUIRED_COLUMNS, FACT_COLUMNS,
+                          'a runs file')
     frame['file'] = os.path.basename(path)
     frames.append(frame)
   frame = pd.concat(frames, ignore_index=True).fillna('')

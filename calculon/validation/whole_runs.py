@@ -92,24 +92,9 @@ def read_runs(path):
     ConfigError: a missing or unreadable file, a required column missing,
       a duplicate id.
   """
-  import pandas as pd
-  if not os.path.exists(path):
-    raise ConfigError(f'{path}: no such file', source=path)
-  try:
-    frame = pd.read_csv(path, dtype=str, keep_default_na=False)
-  except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as err:
-    raise ConfigError(f'{path}: not a readable CSV file: {err}',
-                      source=path) from None
-  missing = [c for c in REQUIRED if c not in frame.columns]
-  if missing:
-    raise ConfigError(
-      f"{path}: missing column(s) {', '.join(missing)} (a whole-runs file "
-      f"has the columns {', '.join(COLUMNS)}; of them "
-      f"{', '.join(REQUIRED)} are required)", source=path, field=missing[0],
-      allowed=', '.join(COLUMNS))
-  for col in COLUMNS + OPTIONAL:
-    if col not in frame.columns:
-      frame[col] = ''
+  from calculon.io import read_runs_csv
+  frame = read_runs_csv(path, REQUIRED, COLUMNS + OPTIONAL,
+                        'a whole-runs file')
   ids = []
   for i, given in enumerate(frame['id']):
     ids.append(given.strip() or f'run-{i + 1:02d}')
