@@ -169,10 +169,11 @@ def test_bounds_never_below_a_priced_rate(model, system, procs, batch,
 
 def test_bounds_on_every_concern():
   """Fixed cells of two groups where every concern the engine sums has
-  terms (the CP ring, FSDP, the vocabulary, expert parallelism, the host
-  overheads), so each is covered whatever hypothesis draws."""
+  terms (the host optimizer step, the CP ring, FSDP, the vocabulary,
+  expert parallelism, the host overheads), so each is covered whatever
+  hypothesis draws."""
   assert [c.name for c in Evaluation.CONCERNS] == [
-    'context parallelism', 'fsdp', 'vocabulary', 'expert parallelism',
+    'host optimizer step', 'context parallelism', 'fsdp', 'vocabulary', 'expert parallelism',
     'host overheads']
   spec, groups = _groups('qwen3-30B-A3B', 'h100_sxm_80g_calibrated', 64,
                          256, 'bfloat16')
@@ -182,4 +183,5 @@ def test_bounds_on_every_concern():
   for i, g in enumerate(picked):
     assert len(g.values['data_par_sharding']) == len(S.SHARDING_ORDER)
     assert len(g.values['expert_par']) > 1
+    assert True in list(g.values['optimizer_offload'])
     assert check_bounds(spec, g, i) > 0

@@ -48,6 +48,14 @@ DISPATCHER_NAMES = ('alltoall', 'allgather', 'deepep')
 MOE_OVERLAP_NAMES = ('none', 'shared_experts', 'compute')
 CHECKPOINT_LAYOUT_NAMES = ('whole', 'as_input')
 OPTIMIZER_TRAFFIC_NAMES = ('state_once', 'fused_adam')
+#: Where the optimizer step runs when the optimizer state is offloaded
+#: (``optimizer_offload_step``): on the device, the state streamed through
+#: it (Calculon), or on the host with a fused (one-pass) or an unfused
+#: (one kernel per operation) Adam.
+OPTIMIZER_OFFLOAD_STEP_NAMES = ('device', 'host_fused', 'host_unfused')
+#: Which of a processor's blocks keep their activations in memory tier 2
+#: when activations are offloaded (``activation_offload_layers``).
+ACTIVATION_OFFLOAD_LAYERS_NAMES = ('all', 'fit')
 GRADIENT_DATATYPE_NAMES = ('float32', 'bfloat16', 'float16')
 #: Megatron-Core's selective-recomputation modules (--recompute-modules;
 #: megatron/core/transformer/transformer_config.py ``recompute_modules``),
@@ -85,7 +93,8 @@ GROUPS = {
                 'communication', 'precision', 'kernels', 'moe', 'framework'),
   'application': ('shape', 'block', 'vocabulary', 'moe', 'mla',
                   'attention'),
-  'system': ('processor', 'memory', 'network', 'overhead', 'kernels'),
+  'system': ('processor', 'memory', 'host', 'network', 'overhead',
+             'kernels'),
 }
 
 #: The value of a field that Calculon requires (no "absent" meaning).
@@ -420,6 +429,33 @@ EXECUTION = (
        absent_doc="'state_once': the state read once, 12 bytes (Calculon)",
        source='Megatron-LM MixedPrecisionOptimizer.step; apex '
        'multi_tensor_adam.cu; PyTorch _fused_adamw_'),
+  _beh('optimizer_offload_step', _choice(OPTIMIZER_OFFLOAD_STEP_NAMES),
+       'memory',
+       'with the optimizer state offloaded: where its step runs. '
+       "'host_fused': on the host, one pass over the shard (DeepSpeedCPUAdam, "
+       "PyTorch's fused AdamW on the CPU); 'host_unfused': on the host, "
+       "PyTorch's AdamW one operation at a time; either way the gradients "
+       'cross the host link to it and the updated weights back, and the '
+       'state stays on the host', names=OPTIMIZER_OFFLOAD_STEP_NAMES,
+       absent='device',
+       absent_doc="'device': the state streamed through the device with "
+       'each block (Calculon)',
+       source='DeepSpeed ZeRO-Offload (Ren et al. ATC21; csrc/adam/'
+       'cpu_adam_impl.cpp); Megatron-Core optimizer/cpu_offloading/'
+       'hybrid_optimizer.py (torch.optim.AdamW on the CPU); PyTorch FSDP2 '
+       'CPUOffloadPolicy'),
+  _beh('activation_offload_layers', _choice(ACTIVATION_OFFLOAD_LAYERS_NAMES),
+       'memory',
+       "with activations offloaded: 'fit': only the fewest of the "
+       "processor's blocks (at most all but one) whose offloaded activations "
+       'make the execution fit its memory, their transfers spread over the '
+       "whole forward and backward pass", names=ACTIVATION_OFFLOAD_LAYERS_NAMES,
+       absent='all',
+       absent_doc="'all': every block's activations in memory tier 2, a "
+       'double-buffered working set in tier 1 (Calculon)',
+       source='Megatron-Core transformer_config.py cpu_offloading_num_layers '
+       '(< num_layers); Transformer Engine pytorch/cpu_offload.py '
+       '(layers 0..k-1 offloaded, layer i done by layer L - k + i)'),
 )
 
 
@@ -600,6 +636,66 @@ SYSTEM = (
        '(NIC) each, for one collective', absent=1,
        absent_doc="1 (Calculon's model)",
        source='NVIDIA/nccl issues #601 and #1277 (multi-NIC rings)'),
+  _sys('host', Spec('dict'), 'host',
+       "the host side of each processor's link to memory tier 2: what "
+       'else crosses that link, and the host memory behind it',
+       absent=None,
+       absent_doc="none: tier 2 as Calculon prices it (its own link, "
+       'nothing else on it)'),
+  _sys('host.link_network_tier', _INT0, 'host',
+       "network tier whose traffic to and from the processor crosses the "
+       'same link as its offload traffic (the NIC behind the GPU\'s PCIe '
+       'switch on HGX/DGX nodes; NVLink-C2C to the Grace-attached NICs on '
+       'GB200/GB300)', absent=None, absent_doc='none',
+       source='NVIDIA/nccl issue #1264 (HGX H100 topology: each GPU PIX to '
+       'one NIC); NCCL src/graph/paths.cc (NCCL_NET_GDR_C2C, GPUDirect '
+       'RDMA through the CPU on C2C platforms)'),
+  _sys('host.bidirectional_efficiency', _EFF, 'host',
+       'fraction of its one-way rate each direction of that link keeps '
+       'while both carry traffic (ring collectives send and receive at '
+       'once)', absent=1.0, absent_doc='1',
+       source='measured on H100 PCIe Gen5 (docs/changelog.md); '
+       'NVIDIA/nvbandwidth issues #41 (GH200 NVLink-C2C) and #53'),
+  _sys('host.memory_GBps', Spec('number', lo=0, lo_open=True), 'host',
+       "host memory bandwidth per processor (the node's DRAM peak over its "
+       'processors)', absent=None,
+       absent_doc="memory tier 2's bandwidth", unit='GB/s (SI)',
+       source="the host CPUs' datasheets: memory channels x transfer "
+       'rate x 8 bytes'),
+  _sys('host.memory_efficiency', _EFF, 'host',
+       'fraction of that peak a streaming kernel reaches (STREAM triad)',
+       absent=1.0, absent_doc='1',
+       source='NVIDIA Grace performance tuning guide (STREAM health check)'),
+  _sys('memory_reserve', Spec('dict'), 'memory',
+       'memory a real run holds beyond its tensors, and the margin it '
+       'leaves free', absent=None,
+       absent_doc="none: the tensors alone, up to 100 % of memory tier 1 "
+       "(Calculon)"),
+  _sys('memory_reserve.context_GiB', Spec('number', lo=0), 'memory',
+       'the CUDA context and the kernels a training step loads, outside the '
+       "framework's allocator", absent=0.0, absent_doc='0',
+       unit='GiB (binary)', source='PyTorch PR #86509 (lazy module '
+       'loading); measured on H100 with PyTorch 2.11 (docs/changelog.md)'),
+  _sys('memory_reserve.nccl_GiB_per_group', Spec('number', lo=0), 'memory',
+       "NCCL's buffers per communicator (each parallel group with "
+       'traffic), outside the allocator', absent=0.0, absent_doc='0',
+       unit='GiB (binary)',
+       source='NCCL src/init.cc, src/include/device.h (4 MiB Simple, '
+       '4.69 MiB LL128, 0.5 MiB LL per channel and connection); '
+       'NVIDIA/nccl issues #864, #964'),
+  _sys('memory_reserve.fragmentation', Spec('number', lo=0), 'memory',
+       "what the caching allocator reserves beyond the tensors it holds, "
+       'as a fraction of them', absent=0.0, absent_doc='0',
+       source='PyTorch CUDA caching allocator (expandable_segments); '
+       'measured on H100 (docs/changelog.md)'),
+  _sys('memory_reserve.headroom', Spec('number', lo=0, hi=1, hi_open=True),
+       'memory', 'fraction of memory tier 1 a run leaves free (transient '
+       'buffers the model does not count)', absent=0.0,
+       absent_doc="0 (Calculon's 100 % of capacity)",
+       source="the driver's reserve (cudaMemGetInfo: 79.18 of 80 GiB on "
+       'H100, docs/changelog.md) and transient buffers; below what the '
+       'largest measured peak that ran left free (torchtitan '
+       'benchmarks/llama3_h100_202412_torchtitan.md)'),
   _sys('overhead', Spec('dict'), 'overhead',
        'fixed host-side costs the accelerators wait for', absent=None,
        absent_doc='none (Calculon)'),

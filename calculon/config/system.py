@@ -215,6 +215,90 @@ class OverheadConfig:
     return cls(**values)
 
 
+@frozen_record
+class HostConfig:
+  """The host side of each processor's link to memory tier 2 (the JSON's
+  optional ``host``; None without it: Calculon's tier 2, alone on its
+  link).
+
+  link_network_tier: index of the network tier whose traffic to and from
+    the processor crosses the same link as its offload traffic, or None.
+    On HGX/DGX nodes each GPU's PCIe Gen5 x16 link reaches the host through
+    the PCIe switch that also holds the GPU's NIC, so GPUDirect RDMA and
+    host copies share it (NVIDIA/nccl issue #1264: each GPU "PIX" to one
+    NIC); on GB200/GB300 the NICs hang off Grace and NCCL sends GPUDirect
+    RDMA through NVLink-C2C (NCCL src/graph/paths.cc, NCCL_NET_GDR_C2C).
+  bidirectional_efficiency: fraction of its one-way rate each direction of
+    the link keeps while both carry traffic, (0, 1] (1: full duplex).
+  memory_bytes_per_s: host DRAM bandwidth per processor (JSON
+    ``memory_GBps`` * 1e9: the node's DRAM peak over its processors), or
+    None (memory tier 2's bandwidth stands for it).
+  memory_efficiency: fraction of it a streaming kernel reaches, (0, 1].
+  """
+  link_network_tier: object = None
+  bidirectional_efficiency: float = 1.0
+  memory_bytes_per_s: object = None
+  memory_efficiency: float = 1.0
+
+  @classmethod
+  def read(cls, reader, name):
+    sub = Reader(reader.get(name, Spec('dict')), reader.source,
+                 reader.field_path(name))
+    values = {}
+    if 'link_network_tier' in sub.obj:
+      values['link_network_tier'] = int(sub.get('link_network_tier',
+                                                Spec('int', lo=0)))
+    if 'bidirectional_efficiency' in sub.obj:
+      values['bidirectional_efficiency'] = float(sub.get(
+        'bidirectional_efficiency', Spec('number', lo=0, lo_open=True,
+                                         hi=1)))
+    if 'memory_GBps' in sub.obj:
+      values['memory_bytes_per_s'] = float(sub.get(
+        'memory_GBps', Spec('number', lo=0, lo_open=True))) * 1e9
+    if 'memory_efficiency' in sub.obj:
+      values['memory_efficiency'] = float(sub.get(
+        'memory_efficiency', Spec('number', lo=0, lo_open=True, hi=1)))
+    sub.finish()
+    return cls(**values)
+
+
+@frozen_record
+class MemoryReserveConfig:
+  """Memory a real run holds beyond its tensors, and the margin it leaves
+  free (the JSON's optional ``memory_reserve``; None without it: the
+  tensors alone, up to the whole capacity, as Calculon).
+
+  context_bytes: the CUDA context and the kernels a step loads, outside the
+    framework's caching allocator (JSON ``context_GiB`` * 2**30).
+  nccl_bytes_per_group: NCCL's buffers per communicator, outside the
+    allocator (JSON ``nccl_GiB_per_group`` * 2**30).
+  fragmentation: what the caching allocator reserves beyond the tensors it
+    holds, as a fraction of them (>= 0).
+  headroom: fraction of memory tier 1 a run leaves free, [0, 1).
+  """
+  context_bytes: float = 0.0
+  nccl_bytes_per_group: float = 0.0
+  fragmentation: float = 0.0
+  headroom: float = 0.0
+
+  @classmethod
+  def read(cls, reader, name):
+    sub = Reader(reader.get(name, Spec('dict')), reader.source,
+                 reader.field_path(name))
+    values = {}
+    for key, attr, scale in (('context_GiB', 'context_bytes', 1024 ** 3),
+                             ('nccl_GiB_per_group', 'nccl_bytes_per_group',
+                              1024 ** 3),
+                             ('fragmentation', 'fragmentation', 1.0)):
+      if key in sub.obj:
+        values[attr] = float(sub.get(key, Spec('number', lo=0))) * scale
+    if 'headroom' in sub.obj:
+      values['headroom'] = float(sub.get('headroom', Spec(
+        'number', lo=0, hi=1, hi_open=True)))
+    sub.finish()
+    return cls(**values)
+
+
 #: Optional sections of a whole training run (:mod:`calculon.config.
 #: whole_run`, read only when a file has one).
 WHOLE_RUN_SECTIONS = ('reliability', 'storage', 'power')
@@ -239,6 +323,8 @@ class SystemConfig:
   overhead: object = None
   fused_attention_efficiency: object = None
   grouped_gemm_efficiency: object = None
+  host: object = None
+  memory_reserve: object = None
   reliability: object = None
   storage: object = None
   power: object = None
@@ -257,7 +343,10 @@ class SystemConfig:
     (absent: 1).  Optional ``reliability``, ``storage``, ``power``: what a
     whole training run needs beyond the step (interruptions, checkpoint
     storage, power; :mod:`calculon.config.whole_run`; absent: None, the
-    documented defaults).
+    documented defaults).  Optional ``host`` (:class:`HostConfig`: what
+    shares the link to memory tier 2, the host memory behind it) and
+    ``memory_reserve`` (:class:`MemoryReserveConfig`: memory beyond the
+    tensors, the headroom a run leaves); absent: None, Calculon's model.
 
     Raises:
       ConfigError: any field missing, unknown, or out of range; a datatype
@@ -280,6 +369,13 @@ class SystemConfig:
     fused, grouped = (
       float(reader.get(name, Spec('number', lo=0, lo_open=True, hi=1)))
       if name in cfg else None for name in OPTIONAL_EFFICIENCIES)
+    host = HostConfig.read(reader, 'host') if 'host' in cfg else None
+    if host is not None and host.link_network_tier is not None and \
+        host.link_network_tier >= len(networks):
+      reader.fail('host', cfg['host'], 'link_network_tier: the index of one '
+                  f'of the {len(networks)} network tiers')
+    reserve = MemoryReserveConfig.read(reader, 'memory_reserve') \
+      if 'memory_reserve' in cfg else None
     whole_run = {}
     if any(name in cfg for name in WHOLE_RUN_SECTIONS):
       from calculon.config.whole_run import SECTIONS  # only when used
@@ -294,4 +390,4 @@ class SystemConfig:
         source=source, field='matrix', value=diff[0],
         allowed='the same datatypes in matrix and vector')
     return cls(matrix, vector, mem1, mem2, mode, networks, overhead, fused,
-               grouped, **whole_run)
+               grouped, host, reserve, **whole_run)

@@ -44,6 +44,12 @@ def _activation_offload_without_pp_or_recompute(c, app, value):
     (c.pipeline_par > 1) | (c.activation_recompute != RECOMPUTE_NONE))
 
 
+def _activation_offload_needs_full_recompute(c, app, value):
+  from calculon.config.execution import RECOMPUTE_FULL
+  return np.asarray(c.activations_offload, dtype=bool) & (
+    c.activation_recompute != RECOMPUTE_FULL)
+
+
 def _weight_offload_needs_parameter_sharding(c, app, value):
   from calculon.config.execution import SHARD_PARAMETERS
   return np.asarray(c.weight_offload, dtype=bool) & (
@@ -68,6 +74,10 @@ KINDS = {
   'activation_offload_without_pp_or_recompute': (
     _activation_offload_without_pp_or_recompute,
     'activations offload only with pipeline_par = 1 and no recomputation',
+    False),
+  'activation_offload_needs_full_recompute': (
+    _activation_offload_needs_full_recompute,
+    'activations offload only of the checkpoints of full recomputation',
     False),
   'weight_offload_needs_parameter_sharding': (
     _weight_offload_needs_parameter_sharding,

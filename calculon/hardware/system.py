@@ -59,6 +59,14 @@ class System:
     #: Share of the GEMM efficiency the grouped expert GEMMs reach (None:
     #: priced as one GEMM per expert).
     self.grouped_gemm_efficiency = cfg.grouped_gemm_efficiency
+    #: The host side of the link to memory tier 2
+    #: (:class:`~calculon.config.system.HostConfig`), or None (Calculon:
+    #: tier 2 alone on its link).
+    self.host = cfg.host
+    #: Memory beyond the tensors and the headroom a run leaves
+    #: (:class:`~calculon.config.system.MemoryReserveConfig`), or None
+    #: (Calculon: the tensors alone, up to the whole capacity).
+    self.memory_reserve = cfg.memory_reserve
     #: A whole run's inputs (:mod:`calculon.config.whole_run` records, or
     #: None: the documented defaults): interruptions, checkpoint storage,
     #: power.
@@ -114,5 +122,32 @@ class System:
     return flops_time_s + mem_time_s
 
   def offload_time_s(self, size_bytes):
-    """Seconds to move ``size_bytes`` to or from memory tier 2."""
-    return self.mem2.time_s(size_bytes)
+    """Seconds to move ``size_bytes`` to or from memory tier 2: at tier 2's
+    bandwidth (Calculon), and no faster than the host memory behind the
+    link can take them when the system file says what it is
+    (``host.memory_GBps`` x ``host.memory_efficiency``: on GB200 one
+    Grace's LPDDR5X serves two GPUs' NVLink-C2C links; NVIDIA
+    Megatron-Bridge docs/performance-guide.md: offload efficiency
+    "depends on both the interconnect bandwidth between the GPU and host
+    and the host memory bandwidth")."""
+    link = self.mem2.time_s(size_bytes)
+    rate = self.host_memory_bytes_per_s
+    if self.host is None or self.host.memory_bytes_per_s is None:
+      return link
+    return np.maximum(link, size_bytes / rate)
+
+  @property
+  def host_memory_bytes_per_s(self):
+    """Bytes per second one processor's share of the host memory streams
+    (``host.memory_GBps`` x ``host.memory_efficiency``); without them,
+    memory tier 2's peak bandwidth."""
+    host = self.host
+    if host is None or host.memory_bytes_per_s is None:
+      return self.mem2.bandwidth_bytes_per_s
+    return host.memory_bytes_per_s * host.memory_efficiency
+
+  @property
+  def host_link_network_tier(self):
+    """Index of the network tier sharing the link to memory tier 2, or
+    None (``host.link_network_tier``)."""
+    return None if self.host is None else self.host.link_network_tier

@@ -11,7 +11,8 @@ Calculon's messages (:meth:`~FeasibilityTerms.reason_message`).
 Reads: ``app``, ``system``, ``exe``, ``tp``, ``pp``, ``dp``, ``cp``,
 ``ep``, ``interleaving`` (:mod:`~calculon.llm.terms.base`);
 ``blocks_per_proc`` (:mod:`~calculon.llm.terms.schedule`);
-``mem1_bytes``, ``mem2_bytes`` (:mod:`~calculon.llm.terms.memory`).
+``mem1_bytes``, ``mem1_usable_bytes``, ``mem1_runtime_bytes``,
+``mem2_bytes`` (:mod:`~calculon.llm.terms.memory`).
 """
 
 from functools import cached_property
@@ -101,10 +102,14 @@ class FeasibilityTerms:
 
   @cached_property
   def reason(self):
-    """Reason code of infeasibility (see REASON_NAMES); OK (0) if feasible."""
+    """Reason code of infeasibility (see REASON_NAMES); OK (0) if feasible.
+    Memory tier 1 is too small where what the allocator holds
+    (``mem1_bytes``) exceeds what it may fill (``mem1_usable_bytes``: the
+    capacity, less the system's headroom and the memory held outside the
+    allocator when the system file has ``memory_reserve``)."""
     reason = self.compile_reason
     reason = np.where(reason != OK, reason, np.where(
-      self.mem1_bytes > self.system.mem1.capacity_bytes, MEM1_TOO_SMALL,
+      self.mem1_bytes > self.mem1_usable_bytes, MEM1_TOO_SMALL,
       np.where(self.mem2_bytes > self.system.mem2.capacity_bytes,
                MEM2_TOO_SMALL, OK)))
     return reason
@@ -154,6 +159,16 @@ class FeasibilityTerms:
     if code == OFFLOAD_TOO_FEW_BLOCKS:
       return 'Offloading requires each processor to handle at least 3 blocks'
     if code == MEM1_TOO_SMALL:
+      if self.system.memory_reserve is not None:
+        r = self.system.memory_reserve
+        return (f"Mem tier1 needs "
+                f"{human_format(at(self.mem1_bytes), 'bytes')} in the "
+                f"allocator but only "
+                f"{human_format(at(self.mem1_usable_bytes), 'bytes')} of "
+                f"{human_format(self.system.mem1.capacity_bytes, 'bytes')} "
+                f"may be filled ({100 * r.headroom:g} % headroom, "
+                f"{human_format(at(self.mem1_runtime_bytes), 'bytes')} "
+                f"outside the allocator)")
       return (f"Mem tier1 needs {human_format(at(self.mem1_bytes), 'bytes')} "
               f"but only has "
               f"{human_format(self.system.mem1.capacity_bytes, 'bytes')}")

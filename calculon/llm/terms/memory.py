@@ -7,9 +7,15 @@ blocks (``weight_bytes``, ``act_bytes``, ``act_checkpoint_bytes``,
 tier 1 still holds of an offloaded kind (the ``*_min`` sizes), the kinds
 of the first and the last stage with the embedding's and the LM head's
 (``first_stage_memory_by_kind``, ``last_stage_memory_by_kind``), those of
-the most loaded stage (``memory_by_kind``), and the tier totals
-(``first_stage_mem1_bytes``, ``last_stage_mem1_bytes``, ``mem1_bytes``,
-``mem2_bytes``).
+the most loaded stage (``memory_by_kind``), the blocks whose activations
+go to tier 2 with ``activation_offload_layers`` 'fit'
+(``act_offload_blocks``), the tier totals (``first_stage_mem1_bytes``,
+``last_stage_mem1_bytes``, ``mem1_tensor_bytes``, ``mem1_bytes``,
+``mem2_bytes``), and what a run holds beyond its tensors: the caching
+allocator's fragmentation (in ``mem1_bytes``), the CUDA context and NCCL's
+buffers outside the allocator (``nccl_groups``, ``mem1_runtime_bytes``)
+and the capacity a run may fill (``mem1_usable_bytes``), from the system's
+``memory_reserve``.
 
 Reads: ``app``, ``exe``, ``pp``, ``interleaving``, ``training``,
 ``full_recompute``, ``fsdp``, ``weight_shards``, ``dpcp``, ``edp``
@@ -17,12 +23,18 @@ Reads: ``app``, ``exe``, ``pp``, ``interleaving``, ``training``,
 ``block_act_checkpoint_bytes`` (:mod:`~calculon.llm.terms.blocks`);
 ``blocks_per_proc``, ``num_microbatches``
 (:mod:`~calculon.llm.terms.schedule`); ``vocab_memory_first``,
-``vocab_memory_last`` (:mod:`~calculon.llm.terms.vocab`).
+``vocab_memory_last`` (:mod:`~calculon.llm.terms.vocab`); ``_host_step``
+(:mod:`~calculon.llm.terms.offload`); ``tp``, ``cp``, ``ep``
+(:mod:`~calculon.llm.terms.base`).
 """
 
 from functools import cached_property
 
 import numpy as np
+
+from calculon.config.registry import ACTIVATION_OFFLOAD_LAYERS_NAMES
+
+_ACT_OFFLOAD_FIT = ACTIVATION_OFFLOAD_LAYERS_NAMES.index('fit')
 
 
 class MemoryTerms:
@@ -43,6 +55,21 @@ class MemoryTerms:
       experts = self.block.expert_weight_bytes * self.blocks_per_proc
       sharded = (plain - experts) / self.dpcp + experts / self.edp
     return np.where(self.fsdp, sharded + working, plain)
+
+  @cached_property
+  def _weight_host_bytes(self):
+    """Weights tier 2 holds when they are offloaded: all of them
+    (Calculon), or with FSDP this processor's shards only (FSDP2
+    CPUOffloadPolicy and DeepSpeed ZeRO-3 offload_param keep the shards on
+    the host and gather into the device's working blocks)."""
+    if not np.any(self.fsdp):
+      return self.weight_bytes
+    plain = self.block.weight_bytes * self.blocks_per_proc
+    sharded = plain / self.weight_shards
+    if self.app.is_moe:
+      experts = self.block.expert_weight_bytes * self.blocks_per_proc
+      sharded = (plain - experts) / self.dpcp + experts / self.edp
+    return np.where(self.fsdp, sharded, self.weight_bytes)
 
   @cached_property
   def _inflight_factor(self):
@@ -143,29 +170,89 @@ class MemoryTerms:
   def _kinds(self, act, ckpt, vocab):
     """{kind: (tier-1 bytes, tier-2 bytes)} of a pipeline stage whose
     blocks keep ``act`` activations and ``ckpt`` checkpoints, plus the
-    embedding / LM head parts ``vocab`` (a dict by kind, tier 1 only)."""
+    embedding / LM head parts ``vocab`` (a dict by kind, tier 1 only).
+    With ``activation_offload_layers`` 'fit' the stage keeps them all here
+    (:meth:`_stage_kinds` then moves the blocks it offloads)."""
     e = self.exe
-    wo, ao, oo = e.weight_offload, e.activations_offload, e.optimizer_offload
+    wo, oo = e.weight_offload, e.optimizer_offload
+    ao = e.activations_offload
+    fit = self._act_fit
+    if np.any(fit):
+      ao = ao & ~fit
     full = self.full_recompute
+    act1 = np.where(ao, self.act_bytes_min, act)
+    act2 = np.where(ao & ~full, act, 0)
+    ckpt1 = np.where(ao, np.where(full, self.act_checkpoint_bytes_min, 0),
+                     ckpt)
+    ckpt2 = np.where(ao & full, ckpt, 0)
+    optim1 = np.where(oo, self.optimizer_bytes_min, self.optimizer_bytes)
+    host = self._host_step
+    if np.any(host):
+      # The state lives and is updated on the host: the device streams
+      # none of it.
+      optim1 = np.where(host, 0, optim1)
     return {
       'weights': (np.where(wo, self.weight_bytes_min, self.weight_bytes) +
-                  vocab['weights'], np.where(wo, self.weight_bytes, 0)),
-      'activations': (np.where(ao, self.act_bytes_min, act) +
-                      vocab['activations'], np.where(ao & ~full, act, 0)),
-      'checkpoints': (np.where(ao, np.where(full, self.act_checkpoint_bytes_min,
-                                            0), ckpt),
-                      np.where(ao & full, ckpt, 0)),
+                  vocab['weights'], np.where(wo, self._weight_host_bytes, 0)),
+      'activations': (act1 + vocab['activations'], act2),
+      'checkpoints': (ckpt1, ckpt2),
       'weight_gradients': (np.where(oo, self.weight_grad_bytes_min,
                                     self.weight_grad_bytes) +
                            vocab['weight_gradients'],
                            np.where(oo, self.block.weight_grad_bytes *
                                     self.blocks_per_proc, 0)),
-      'optimizer': (np.where(oo, self.optimizer_bytes_min,
-                             self.optimizer_bytes) + vocab['optimizer'],
+      'optimizer': (optim1 + vocab['optimizer'],
                     np.where(oo, self.optimizer_bytes, 0)),
       'activation_gradients': (np.maximum(self.act_grad_bytes,
                                           vocab['activation_gradients']), 0),
     }
+
+  @cached_property
+  def _act_fit(self):
+    """Activations offloaded with ``activation_offload_layers`` 'fit'."""
+    return np.asarray(self.exe.activations_offload, dtype=bool) & (
+      self.exe.activation_offload_layers == _ACT_OFFLOAD_FIT)
+
+  @cached_property
+  def _act_block_bytes(self):
+    """What one block keeps per microbatch in flight and offloading it
+    frees: its stored activations, or its checkpoint with full
+    recomputation."""
+    return np.where(self.full_recompute, self.block_act_checkpoint_bytes,
+                    self.block.act_storage_bytes)
+
+  def _stage_kinds(self, inflight, vocab):
+    """(kinds, offloaded blocks) of a pipeline stage with ``inflight``
+    microbatches in flight and the vocabulary parts ``vocab``.  With
+    ``activation_offload_layers`` 'fit' the stage offloads the fewest
+    blocks k (0 <= k <= blocks - 1: Megatron-Core requires
+    cpu_offloading_num_layers < num_layers, transformer_config.py) whose
+    activations (checkpoints with full recomputation) bring its tier-1
+    tensors within :attr:`mem1_tensor_budget_bytes`: NVIDIA's recipes
+    offload only part of the layers (GB200 Llama 3 70B FP8: 40 of 80 at
+    microbatch 2, BF16: 20 at microbatch 1; B200: 5 of 80; Megatron-Bridge
+    perf_recipes/llama/gb200/llama3.py, b200/llama3.py), and its
+    performance guide tunes "the number of layers to offload" because
+    each costs transfers."""
+    kinds = self._kinds(self._act_bytes_for(inflight),
+                        self._checkpoint_bytes_for(inflight), vocab)
+    fit = self._act_fit
+    if not np.any(fit):
+      return kinds, 0.0
+    kept = self._tiers(kinds)[0]
+    save = self._act_block_bytes * inflight
+    with np.errstate(divide='ignore', invalid='ignore'):
+      need = np.ceil((kept - self.mem1_tensor_budget_bytes) / save)
+    k = np.clip(np.where(save > 0, need, 0), 0,
+                np.maximum(self.blocks_per_proc - 1, 0))
+    k = np.where(fit & np.isfinite(k), k, 0)
+    moved = k * save
+    full = self.full_recompute
+    for kind, on in (('activations', ~full), ('checkpoints', full)):
+      t1, t2 = kinds[kind]
+      m = np.where(on, moved, 0)
+      kinds[kind] = (t1 - m, t2 + m)
+    return kinds, k
 
   def _tiers(self, kinds):
     """(tier-1, tier-2) bytes of ``kinds``, summed in Calculon's order and
@@ -185,20 +272,38 @@ class MemoryTerms:
     return t1, t2
 
   @cached_property
+  def _first_stage(self):
+    return self._stage_kinds(self._inflight_factor, self.vocab_memory_first)
+
+  @cached_property
+  def _last_stage(self):
+    return self._stage_kinds(self._last_stage_inflight_factor,
+                             self.vocab_memory_last)
+
+  @cached_property
   def first_stage_memory_by_kind(self):
     """Memory kinds of the first pipeline stage (Calculon's processor 0;
     with a vocabulary it also holds the embedding, and the LM head when
     PP = 1)."""
-    return self._kinds(self.act_bytes, self.act_checkpoint_bytes,
-                       self.vocab_memory_first)
+    return self._first_stage[0]
 
   @cached_property
   def last_stage_memory_by_kind(self):
     """Memory kinds of the last pipeline stage (fewer microbatches in
     flight; the LM head and its logits)."""
-    f = self._last_stage_inflight_factor
-    return self._kinds(self._act_bytes_for(f), self._checkpoint_bytes_for(f),
-                       self.vocab_memory_last)
+    return self._last_stage[0]
+
+  @cached_property
+  def act_offload_blocks(self):
+    """Blocks of the most loaded stage whose activations go to tier 2 with
+    ``activation_offload_layers`` 'fit' (see :meth:`_stage_kinds`); 0
+    elsewhere."""
+    if not np.any(self._act_fit):
+      return 0.0
+    if not self.app.has_vocab:
+      return self._first_stage[1]
+    return np.where(self._last_binds, self._last_stage[1],
+                    self._first_stage[1])
 
   @cached_property
   def first_stage_mem1_bytes(self):
@@ -249,11 +354,69 @@ class MemoryTerms:
     return t1, first[1]
 
   @cached_property
-  def mem1_bytes(self):
-    """Memory tier 1 (HBM) needed per processor: the most loaded pipeline
+  def mem1_tensor_bytes(self):
+    """Tensors in memory tier 1 per processor: the most loaded pipeline
     stage (Calculon: processor 0, which keeps the most microbatches in
     flight)."""
     return self._mem_reqs[0]
+
+  @cached_property
+  def mem1_bytes(self):
+    """Memory tier 1 the framework's caching allocator holds per processor
+    at the peak (what PyTorch's ``max_memory_reserved`` reports): the
+    tensors (:attr:`mem1_tensor_bytes`) plus the allocator's fragmentation
+    (``memory_reserve.fragmentation``).  Without the system's
+    ``memory_reserve``: the tensors (Calculon)."""
+    r = self.system.memory_reserve
+    if r is None or not r.fragmentation:
+      return self.mem1_tensor_bytes
+    return self.mem1_tensor_bytes * (1.0 + r.fragmentation)
+
+  @cached_property
+  def nccl_groups(self):
+    """NCCL communicators with traffic per processor: one per parallel
+    group larger than 1 (TP, PP, CP, and when training DP x CP; with
+    experts EP and, training, the expert data-parallel group).  NCCL's
+    memory "is linearly tied to the number of channels" and grows with
+    every communicator not split with shared resources (NVIDIA/nccl issues
+    #864, #986); Megatron-Core creates one process group per parallelism
+    (megatron/core/parallel_state.py)."""
+    n = (self.tp > 1) * 1 + (self.pp > 1) + (self.cp > 1) + \
+      (self.training & (self.dpcp > 1))
+    if self.app.is_moe:
+      n = n + (self.ep > 1) + (self.training & (self.edp > 1))
+    return n
+
+  @cached_property
+  def mem1_runtime_bytes(self):
+    """Memory tier 1 a run holds outside the framework's allocator: the
+    CUDA context with the kernels it loads and NCCL's buffers per
+    communicator (``memory_reserve``); 0 without it."""
+    r = self.system.memory_reserve
+    if r is None:
+      return 0.0
+    return r.context_bytes + r.nccl_bytes_per_group * self.nccl_groups
+
+  @cached_property
+  def mem1_usable_bytes(self):
+    """What the allocator may fill: memory tier 1's capacity less the
+    headroom a run leaves (``memory_reserve.headroom``) and what it holds
+    outside the allocator (:attr:`mem1_runtime_bytes`); the capacity
+    without ``memory_reserve`` (Calculon)."""
+    cap = self.system.mem1.capacity_bytes
+    r = self.system.memory_reserve
+    if r is None:
+      return cap
+    return cap * (1.0 - r.headroom) - self.mem1_runtime_bytes
+
+  @cached_property
+  def mem1_tensor_budget_bytes(self):
+    """The tensors that fit: :attr:`mem1_usable_bytes` over 1 + the
+    allocator's fragmentation."""
+    r = self.system.memory_reserve
+    if r is None:
+      return self.mem1_usable_bytes
+    return self.mem1_usable_bytes / (1.0 + r.fragmentation)
 
   @cached_property
   def mem2_bytes(self):
