@@ -12,7 +12,12 @@ Suites (``--suite``):
   (:mod:`calculon.validation.published`): a table with the range the
   unknown settings span, a summary, per source, and the rows not priced
   with the reason; exit status 0.  ``--calibrated`` prices each row on
-  ``systems/CLUSTER_calibrated.json`` where one exists.
+  ``systems/CLUSTER_calibrated.json`` where one exists.  ``--search``
+  then searches each row's framework preset at the row's GPUs, batch,
+  sequence and datatype and compares the best with the measured
+  throughput and the recipe's price (issue 34,
+  :mod:`calculon.validation.search_check`; ``--tuned`` which sources are
+  tuned recipes, ``-c`` the worker processes).
 * ``whole-runs`` -- complete pretraining runs (default: the bundled
   validation/whole_runs.csv; ``--runs`` one CSV in its columns):
   predicted vs published GPU-hours, days and energy
@@ -20,13 +25,14 @@ Suites (``--suite``):
 * ``all`` -- the three (``--runs`` then applies to the published suite).
 
 ``--plot DIR`` writes PNG charts, ``--out DIR`` the tables as CSV (and the
-published summary as JSON).
+published summary as JSON; with ``--search`` also search_check.csv and
+search_check_summary.json).
 """
 
 import os
 
 from calculon import outputs
-from calculon.cli.main import EXIT_OK
+from calculon.cli.main import EXIT_OK, positive_int
 
 EXIT_THRESHOLD = 1
 SUITES = ('seqsel', 'published', 'whole-runs', 'all')
@@ -67,6 +73,18 @@ def add_parsers(sp):
   p.add_argument('--calibrated', action='store_true',
                  help='price each row on systems/CLUSTER_calibrated.json '
                  'where it exists (see calculon calibrate)')
+  p.add_argument('--search', action='store_true',
+                 help="published suite: also search each row's framework "
+                 "preset at the row's GPUs, global batch, sequence and "
+                 'datatype, and compare the best with the measured '
+                 "throughput and the recipe's price")
+  p.add_argument('--tuned', metavar='REGEX', nargs='+', default=None,
+                 help='with --search: sources whose rows are tuned recipes '
+                 '(regular expressions, case-insensitive; default: '
+                 "'performance[ _-]summary' and '\\bmlperf\\b')")
+  p.add_argument('-c', '--cpus', type=positive_int, default=None,
+                 help='with --search: worker processes (default: the '
+                 'physical cores)')
   p.set_defaults(func=run)
 
 
@@ -145,7 +163,34 @@ def _published(args, log, base_dir, say):
     from calculon.plots.validation import published_plots
     for path in published_plots(frame, args.plot):
       log.info(f'wrote {path}')
+  if args.search:
+    _search(args, log, suite, results, say)
   return EXIT_OK
+
+
+def _search(args, log, suite, results, say):
+  import json
+  import time
+  from calculon.parallel import default_workers
+  from calculon.validation import search_check
+  start = time.perf_counter()
+  rows = search_check.run(suite, results, args.cpus or default_workers(),
+                          args.tuned, progress=say)
+  frame = search_check.results_frame(rows)
+  log.info('')
+  log.info(search_check.format_report(frame, args.tuned))
+  log.info(f'(search: {time.perf_counter() - start:.0f} s)')
+  if args.out:
+    path = os.path.join(args.out, 'search_check.csv')
+    outputs.write_text(path, frame.to_csv(index=False))
+    outputs.write_text(os.path.join(args.out, 'search_check_summary.json'),
+                       json.dumps(search_check.summary(frame), indent=2)
+                       + '\n')
+    say(f'wrote {path} and search_check_summary.json')
+  if args.plot:
+    from calculon.plots.validation import search_check_plot
+    log.info('wrote ' + search_check_plot(
+      frame, os.path.join(args.plot, 'search_check.png')))
 
 
 def run(args, log):
@@ -162,6 +207,14 @@ def run(args, log):
     if path is not None:
       outputs.check_output_path(path, want_dir=True, what=what,
                                 option=option)
+  if args.search and args.suite not in ('published', 'all'):
+    from calculon.errors import ConfigError
+    raise ConfigError(f'--search: not allowed with --suite {args.suite}: it '
+                      'searches the rows of the published suite (--suite '
+                      'published or all)', field='--search')
+  if args.tuned is not None:
+    from calculon.validation.search_check import tuned_patterns
+    tuned_patterns(args.tuned)
   base_dir = check_base_dir(args.base_dir or default_base_dir())
   say = log.info if args.verbose else (lambda text: None)
   status = EXIT_OK

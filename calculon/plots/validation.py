@@ -120,3 +120,38 @@ def published_plots(frame, out_dir):
                                                 'published_scatter.png')),
           published_residuals(frame, os.path.join(out_dir,
                                                   'published_residuals.png'))]
+
+
+def search_check_plot(frame, path):
+  """Horizontal bars of the search's best over the measured throughput,
+  one per searched row (``frame``: :func:`calculon.validation.
+  search_check.results_frame`), tuned recipes dark and marked ``*``, the
+  others light, with lines at 1.0 (the measured), 1.10 and 1.25 (issue
+  34's median and maximum for tuned rows).  Returns ``path``."""
+  import pandas as pd
+  ok = frame[frame['status'] == 'ok'].copy()
+  ok['_r'] = pd.to_numeric(ok['ratio_measured'], errors='coerce')
+  ok = ok[ok['_r'].notna()]
+  tuned = ok['tuned'].astype(bool).to_numpy()
+  fig, ax = figure(7.5, max(4.0, 0.16 * len(ok) + 1.5))
+  y = np.arange(len(ok))[::-1]
+  ax.barh(y, ok['_r'], color=np.where(tuned, _OURS, '#aec7e8'),
+          edgecolor='black', linewidth=0.3)
+  for x, style, label in ((1.0, '-', 'measured'), (1.10, '--', '1.10'),
+                          (1.25, ':', '1.25')):
+    ax.axvline(x, color='black', lw=0.9, ls=style, label=label)
+  ax.set_yticks(y)
+  ax.set_yticklabels([f"{i}{'*' if t else ''} {str(m)[:30]}" for i, m, t in
+                      zip(ok['id'], ok['model'], tuned)], fontsize=5)
+  ax.set_ylim(-1, len(ok))
+  if len(ok):
+    ax.set_xlim(min(0.8, ok['_r'].min() - 0.05), ok['_r'].max() * 1.05)
+  t = ok['_r'][tuned]
+  ax.set_xlabel("search's best / measured throughput (tokens/s/GPU)")
+  ax.set_title("The search in each row's framework preset vs measured\n"
+               f'tuned recipes (*, dark): {len(t)}'
+               + (f', median {t.median():.2f}, max {t.max():.2f}' if len(t)
+                  else '') + f'; other rows: {len(ok) - len(t)}', fontsize=9)
+  ax.legend(fontsize=7, loc='lower right')
+  ax.grid(axis='x', alpha=0.3)
+  return save(fig, path)
