@@ -312,3 +312,59 @@ def test_searches_offload_only_what_the_framework_has(name):
     assert preset.offload_allowed(kinds), (name, kinds)
     if kinds:
       assert system.host_link_network_tier is not None
+
+
+# -- what a fused activation keeps ---------------------------------------------
+
+def test_fused_swiglu_keeps_its_input_where_the_framework_does():
+  """Megatron-Core's fused SwiGLU saves its input, the 2 x ffn output of
+  the gate/up GEMM (megatron/core/fusions/fused_bias_swiglu.py
+  BiasSwiGLUFunction: ctx.save_for_backward(input_for_backward, bias));
+  Calculon's fused activation keeps nothing.  Llama 3 8B (ffn 14,336),
+  8,192 tokens, TP 1: the difference per block is 2 x ffn x tokens
+  elements at the activations' element size."""
+  kw = dict(microbatch_size=1, fused_activation=True)
+  keeps = _ev('llama3-8B', 'h100_sxm_80g', **kw)
+  drops = _ev('llama3-8B', 'h100_sxm_80g',
+              fused_activation_keeps_input=False, **kw)
+  assert bool(np.all(keeps.exe.fused_activation_keeps_input))
+  app = _app('llama3-8B')
+  elems = 2 * app.feedforward * app.seq_size
+  diff = _at(keeps.block.act_storage_bytes) - \
+    _at(drops.block.act_storage_bytes)
+  assert diff == pytest.approx(elems * _at(keeps.io_bytes))
+  # Calculon's semantics stay with the calculon preset.
+  calc = _ev('llama3-8B', 'h100_sxm_80g', **dict(kw, framework='calculon'))
+  assert not bool(np.any(calc.exe.fused_activation_keeps_input))
+
+
+# -- ZeRO-2 reduces its gradient shards every microbatch -------------------------
+
+def test_zero2_reduce_scatters_every_microbatch():
+  """With gradients sharded (ZeRO-2) a rank keeps only its gradient shard,
+  so each block's gradients are reduce-scattered after its backward in
+  every microbatch (DeepSpeed deepspeed/runtime/engine.py
+  allreduce_gradients: "ZeRO stage 2 communicates during non gradient
+  accumulation boundaries as well"), not once per batch as Calculon's
+  ZeRO: Llama 3 8B, DP 64, 4 microbatches of 1 -> 4 reduce-scatters of
+  each block, and only the weights' all-gather left at the end."""
+  kw = dict(model='llama3-8B', system='h100_sxm_80g',
+            data_par_sharding='gradients', microbatch_size=1)
+  per = _ev(**kw)
+  once = _ev(gradient_shard_reduce='batch', **kw)
+  assert _at(per.num_microbatches) == 4
+  assert bool(np.all(per.grad_shard_per_microbatch))
+  assert _at(per.block_fsdp_fw_s) == 0          # no gathers: not FSDP
+  rs = _at(per.block_fsdp_bw_s)
+  assert rs > 0
+  assert _at(per.fsdp_comm_link_time_s) == pytest.approx(
+    4 * rs * _at(per.blocks_per_proc))
+  assert _at(once.fsdp_comm_link_time_s) == 0
+  # The end of the batch keeps the gather alone.
+  total_once, ag_once = once._dp_times_s(once.block)
+  total_per, ag_per = per._dp_times_s(per.block)
+  assert _at(total_per) == pytest.approx(_at(ag_per))
+  assert _at(ag_per) == pytest.approx(_at(ag_once))
+  assert _at(total_once) > _at(ag_once)
+  # Every microbatch's reduce-scatter makes the batch slower.
+  assert _at(per.total_time_s) > _at(once.total_time_s)

@@ -452,3 +452,49 @@ def test_modern_search_counts_the_vocabulary_where_only_that_splits_evenly():
   assert pruned.best == full.best
   out = best_to_output(search, pruned)
   assert out['0']['stats']['sample_rate'] == pruned.best[0][0]
+
+
+@pytest.mark.parametrize('framework,fields,want', [
+  # DeepSpeed with PP runs ZeRO-1 only: Calculon's optimizer_sharding
+  # alone reads as gradients sharded, which the preset refuses.
+  ('megatron-deepspeed-2022', {}, {'data_par_sharding': 'optimizer'}),
+  # A quantization scaling needs its precision recipe written.
+  ('megatron-core', {'precision_recipe': 'transformer_engine',
+                     'quantization_scaling': 'current'},
+   {'quantization_scaling': 'current'}),
+])
+def test_execution_record_is_accepted_and_prices_as_searched(
+    framework, fields, want):
+  """Every execution the search enumerates is written as a record that
+  ``calculon llm`` accepts and resolves to exactly the priced values,
+  including where Calculon's short form would read differently."""
+  from calculon.config import Execution
+  from calculon.frameworks import resolve_execution
+  from calculon.search import SearchSpec, grid
+  app = Application.from_dict(load_json(repo("models", "gpt3-13B.json")))
+  system = System(load_json(repo('systems', 'h100_sxm_80g.json')))
+  datatype = 'float8' if 'quantization_scaling' in fields else 'bfloat16'
+  spec = SearchSpec(app, system, 16, 64, datatype, framework=framework,
+                    limits={'pp': ((2, 2),)},
+                    fields={k: v for k, v in fields.items()
+                            if k != 'precision_recipe'},
+                    precision_recipe=fields.get('precision_recipe'))
+  checked = 0
+  for g in grid.groups(spec):
+    for flat in range(0, int(np.prod(g.shape)), 7):
+      idx = np.unravel_index(flat, g.shape)
+      cols = grid.columns(spec, grid.Chunk(g, tuple(int(i) for i in idx)))
+      if not bool(np.all(grid.valid_mask(cols, spec))):
+        continue
+      values = grid._values_at(spec, g, flat)
+      if any(values.get(k) != v for k, v in want.items()):
+        continue
+      rec = grid.execution_record(spec, g, flat)
+      exe, _ = resolve_execution(app, Execution.from_dict(rec, 't'),
+                                 source='t')
+      for k, v in want.items():
+        assert getattr(exe, k) == v
+      checked += 1
+      if checked >= 5:
+        return
+  assert checked, 'no execution with ' + repr(want)

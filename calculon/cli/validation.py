@@ -164,18 +164,18 @@ def _published(args, log, base_dir, say):
     for path in published_plots(frame, args.plot):
       log.info(f'wrote {path}')
   if args.search:
-    _search(args, log, suite, results, say)
+    _search(args, log, suite, results, say, systems)
   return EXIT_OK
 
 
-def _search(args, log, suite, results, say):
+def _search(args, log, suite, results, say, systems=None):
   import json
   import time
   from calculon.parallel import default_workers
   from calculon.validation import search_check
   start = time.perf_counter()
   rows = search_check.run(suite, results, args.cpus or default_workers(),
-                          args.tuned, progress=say)
+                          args.tuned, progress=say, systems=systems)
   frame = search_check.results_frame(rows)
   log.info('')
   log.info(search_check.format_report(frame, args.tuned))

@@ -56,6 +56,8 @@ OPTIMIZER_OFFLOAD_STEP_NAMES = ('device', 'host_fused', 'host_unfused')
 #: Which of a processor's blocks keep their activations in memory tier 2
 #: when activations are offloaded (``activation_offload_layers``).
 ACTIVATION_OFFLOAD_LAYERS_NAMES = ('all', 'fit')
+#: ``gradient_shard_reduce``: when sharded gradients are reduce-scattered.
+GRADIENT_SHARD_REDUCE_NAMES = ('batch', 'microbatch')
 GRADIENT_DATATYPE_NAMES = ('float32', 'bfloat16', 'float16')
 #: Megatron-Core's selective-recomputation modules (--recompute-modules;
 #: megatron/core/transformer/transformer_config.py ``recompute_modules``),
@@ -395,6 +397,13 @@ EXECUTION = (
        names=CROSS_ENTROPY_NAMES, absent='fused', absent_doc="'fused'",
        source='Megatron-Core --cross-entropy-loss-fusion; Megatron-LM '
        'vocab_parallel_cross_entropy; PyTorch cross_entropy'),
+  _beh('fused_activation_keeps_input', _BOOL, 'kernels',
+       'a fused MLP activation (GeLU, SwiGLU) keeps its input for the '
+       'backward pass', absent=False,
+       absent_doc='false: a fused activation keeps nothing (Calculon)',
+       source='Megatron-Core megatron/core/fusions/fused_bias_swiglu.py '
+       'BiasSwiGLUFunction and fused_bias_gelu.py GeLUFunction: '
+       'ctx.save_for_backward(input, bias)'),
   _beh('moe_probs_in_activation', _BOOL, 'moe',
        "the router probabilities scale the experts' activation, so the "
        'combine keeps no expert outputs', absent=False,
@@ -456,6 +465,18 @@ EXECUTION = (
        source='Megatron-Core transformer_config.py cpu_offloading_num_layers '
        '(< num_layers); Transformer Engine pytorch/cpu_offload.py '
        '(layers 0..k-1 offloaded, layer i done by layer L - k + i)'),
+  _beh('gradient_shard_reduce', _choice(GRADIENT_SHARD_REDUCE_NAMES),
+       'sharding',
+       "with 'gradients' sharding (ZeRO-2): 'microbatch': each block's "
+       'gradients are reduce-scattered after its backward in every '
+       'microbatch (a rank keeps only its shard, so it cannot accumulate '
+       'the unreduced gradients), as FSDP reduces them',
+       names=GRADIENT_SHARD_REDUCE_NAMES, absent='batch',
+       absent_doc="'batch': once at the end of the batch, as ZeRO-1 "
+       '(Calculon)',
+       source='DeepSpeed deepspeed/runtime/engine.py allreduce_gradients: '
+       '"ZeRO stage 2 communicates during non gradient accumulation '
+       'boundaries as well"; Rajbhandari et al. 2020, section 5.2'),
 )
 
 

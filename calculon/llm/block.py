@@ -304,13 +304,17 @@ def build_block(app, exe, ctx, moe=False):
       recompute=mlp_in | up_alt, recompute_share=up_share,
       recomm=mlp_recomm | mlp_re,
       activation_stored=negate(norm_re), present=overlap)
+  # The alternate linears' policy recomputes every element-wise op: the
+  # activation keeps nothing of its own (the saved half of the gate/up
+  # output is counted as the second linear's input, which it recomputes).
   if app.gated:
     add(SwiGLU, 'MlpBlock_SwiGLU', ff * batch_seq // tp,
-        exe.fused_activation, recompute=mlp_in | alt,
-        activation_stored=negate(mlp_re))
+        exe.fused_activation, keeps_input=exe.fused_activation_keeps_input,
+        recompute=mlp_in | alt, activation_stored=negate(mlp_re | alt))
   else:
     add(GeLU, 'MlpBlock_GeLU', ff * batch_seq // tp, exe.fused_activation,
-        recompute=mlp_in | alt, activation_stored=negate(mlp_re))
+        keeps_input=exe.fused_activation_keeps_input,
+        recompute=mlp_in | alt, activation_stored=negate(mlp_re | alt))
   add(Linear, 'MlpBlock_Mlp2', batch_seq, ff // tp, h, recompute=mlp_in,
       activation_stored=negate(mlp_re), present=plain)
   if parallel:
@@ -442,9 +446,11 @@ def _moe_mlp(app, exe, ctx, add, shape, norm_cls, norm_name, full, parallel,
   act_size = local * per_expert * width
   if app.gated:
     add(SwiGLU, 'Moe_Experts_SwiGLU', act_size, exe.fused_activation,
+        keeps_input=exe.fused_activation_keeps_input,
         recompute=inner | act_re, activation_stored=kept)
   else:
     add(GeLU, 'Moe_Experts_GeLU', act_size, exe.fused_activation,
+        keeps_input=exe.fused_activation_keeps_input,
         recompute=inner | act_re, activation_stored=kept)
   add(GroupedLinear, 'Moe_Experts_Mlp2', local, per_expert, width, h,
       recompute=inner, activation_stored=negate(moe_re | act_re))
@@ -472,7 +478,8 @@ def _moe_mlp(app, exe, ctx, add, shape, norm_cls, norm_name, full, parallel,
     _feeds(shared_f, shared_1)
     cls = SwiGLU if app.gated else GeLU
     add(cls, 'Shared_Act', shared * batch_seq // tp, exe.fused_activation,
-        recompute=s_in, activation_stored=s_kept)
+        keeps_input=exe.fused_activation_keeps_input, recompute=s_in,
+        activation_stored=s_kept)
     add(Linear, 'Shared_Mlp2', batch_seq, shared // tp, h, recompute=s_in,
         activation_stored=s_kept)
     add(TPComm, 'Shared_G', act, True, recomm=s_in, activation_stored=False,

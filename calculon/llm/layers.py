@@ -721,13 +721,16 @@ class DropOut(Layer):
 
 
 class GeLU(Layer):
-  """GeLU activation; when fused into the preceding GEMM it keeps nothing."""
+  """GeLU activation; when fused into the preceding GEMM it keeps nothing
+  (Calculon), or its input where the fused kernel saves it
+  (``keeps_input``: Megatron-Core megatron/core/fusions/fused_bias_gelu.py
+  GeLUFunction, ``ctx.save_for_backward(input, bias)``)."""
 
-  def __init__(self, name, ctx, size, fused, **flags):
-    kept = where(fused, 0, size)
+  def __init__(self, name, ctx, size, fused, keeps_input=False, **flags):
+    kept = where(fused & ~np.asarray(keeps_input, dtype=bool), 0, size)
     super().__init__(name, ctx, fw_flops=8 * size, agrad_flops=13 * size,
                      inputs=size, outputs=size, activation=kept,
-                     activation_grads=kept, **flags)
+                     activation_grads=where(fused, 0, size), **flags)
 
   def agrad_mem_bytes(self):
     return self.fw_mem_bytes()
@@ -962,13 +965,16 @@ class SwiGLU(Layer):
   "GLU Variants Improve Transformer", eq. 6): reads the 2 x ``size`` output
   of the fused gate/up GEMM, writes ``size``.  It keeps its input (both
   halves) for the backward pass unless fused into the GEMM (then, as
-  Calculon's fused GeLU, it keeps nothing).  FLOP per output element: 6
-  forward (SiLU: negate, exp, add, divide, multiply; the gating product),
-  13 backward (as Calculon's GeLU).
+  Calculon's fused GeLU, it keeps nothing), or fused where the fused
+  kernel still saves its input (``keeps_input``: Megatron-Core
+  megatron/core/fusions/fused_bias_swiglu.py BiasSwiGLUFunction,
+  ``ctx.save_for_backward(input_for_backward, bias)``).  FLOP per output
+  element: 6 forward (SiLU: negate, exp, add, divide, multiply; the gating
+  product), 13 backward (as Calculon's GeLU).
   """
 
-  def __init__(self, name, ctx, size, fused, **flags):
-    kept = where(fused, 0, 2 * size)
+  def __init__(self, name, ctx, size, fused, keeps_input=False, **flags):
+    kept = where(fused & ~np.asarray(keeps_input, dtype=bool), 0, 2 * size)
     super().__init__(name, ctx, fw_flops=6 * size, agrad_flops=13 * size,
                      inputs=2 * size, outputs=size, activation=kept,
                      activation_grads=where(fused, 0, size), **flags)

@@ -630,6 +630,7 @@ def execution_record(spec, group, flat):
   are not written).
   """
   from calculon.config import Execution
+  from calculon.errors import ConfigError
   from calculon.frameworks import resolve_execution
   values = _values_at(spec, group, flat)
   record = {name: values[name] for name in FIELD_SPECS}
@@ -640,18 +641,56 @@ def execution_record(spec, group, flat):
   record['framework'] = spec.framework
   if group.cp != 1:
     record['context_par'] = group.cp
-  for _ in range(len(OPTIONAL_SPECS)):
+  def exact(rec):
+    """Whether ``rec`` is accepted and resolves to the priced values;
+    raises ConfigError when refused, else returns the fields that
+    differ."""
     resolved, _ = resolve_execution(spec.app, Execution.from_dict(
-      record, '<search>'), source='<search>')
-    differ = [name for name in OPTIONAL_SPECS
-              if getattr(resolved, name) != _json_internal(name,
-                                                           values[name])]
+      rec, '<search>'), source='<search>')
+    return [name for name in OPTIONAL_SPECS
+            if getattr(resolved, name) != _json_internal(name, values[name])]
+
+  refused = False
+  for _ in range(len(OPTIONAL_SPECS) + 1):
+    try:
+      differ = exact(record)
+    except ConfigError:
+      # A short record can read differently from the priced execution
+      # before the preset resolves it (Calculon's optimizer_sharding
+      # alone means gradients sharded; a quantization scaling needs its
+      # precision recipe written): write every field that is not at its
+      # absent value, then drop again what is not needed.
+      full = dict(record, **{
+        name: values[name] for name in OPTIONAL_SPECS
+        if _json_internal(name, values[name]) != _absent_json(name)})
+      if full == record:
+        raise
+      record, refused = full, True
+      continue
     if not differ:
-      return record
+      break
     for name in differ:
       record[name] = values[name]
-  raise RuntimeError(f'execution_record: {record} does not resolve to the '
-                     'priced execution')
+  else:
+    raise RuntimeError(f'execution_record: {record} does not resolve to '
+                       'the priced execution')
+  if refused:
+    for name in [n for n in OPTIONAL_SPECS if n in record]:
+      shorter = {k: v for k, v in record.items() if k != name}
+      try:
+        if not exact(shorter):
+          record = shorter
+      except ConfigError:
+        pass
+  return record
+
+
+def _absent_json(name):
+  """What an optional field's absence means, as a JSON value (None where
+  the registry gives no plain value)."""
+  from calculon.config import registry
+  absent = registry.field('execution', name).absent
+  return absent if isinstance(absent, (bool, int, float, str)) else None
 
 
 def _json_internal(name, value):

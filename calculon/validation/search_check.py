@@ -351,7 +351,26 @@ def _divisors(n):
   return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def search_spec(suite, case):
+def _override(suite, case, systems):
+  """The system JSON replacing the row's bundled file (``systems``:
+  cluster -> JSON, the published suite's ``--calibrated`` files), or
+  None."""
+  if not systems:
+    return None
+  return systems.get(case.cluster or case.system_name)
+
+
+def row_system(suite, case, systems=None):
+  """(:class:`~calculon.hardware.System`, system JSON) the row is
+  searched on: its bundled file, or its cluster's file in ``systems``
+  (cluster -> JSON), with the row's field changes applied."""
+  override = _override(suite, case, systems)
+  key = None if override is None else 'search-override'
+  return (suite.system(case, override, key=key),
+          suite.system_json(case, override))
+
+
+def search_spec(suite, case, systems=None):
   """The :class:`~calculon.search.SearchSpec` of a row: its priced
   application, system, GPUs, global batch (DP limited to the divisors of
   the batch that divide the GPUs, so each layout reaches it exactly),
@@ -366,7 +385,7 @@ def search_spec(suite, case):
   from calculon.search import SearchSpec
   f = case.fixed
   app = Application.from_dict(case.priced_app, f'run {case.id}')
-  system = suite.system(case)
+  system, _ = row_system(suite, case, systems)
   n, batch = int(f['num_procs']), int(f['batch_size'])
   kw = dict(framework=f.get('framework'),
             precision_recipe=f.get('precision_recipe'),
@@ -477,7 +496,7 @@ def _errors():
           Infeasible, MemoryError)
 
 
-def search_case(suite, case, seed_rate=0.0):
+def search_case(suite, case, seed_rate=0.0, systems=None):
   """The search of one row, as a dict (picklable): ``status`` ('ok' or
   'not searched'), ``reason``, ``execution`` (every field as priced),
   ``rate`` (samples/s), ``mem_bytes`` (tier 1 per GPU), ``note``,
@@ -498,9 +517,9 @@ def search_case(suite, case, seed_rate=0.0):
       out['reason'] = ('per-layer measurement (one block, one microbatch): '
                        'no whole step to search')
       return out
-    spec = search_spec(suite, case)
+    spec = search_spec(suite, case, systems)
     result, out['layouts'], out['layouts_skipped'] = search(
-      spec, suite.system_json(case)['networks'], seed_rate)
+      spec, row_system(suite, case, systems)[1]['networks'], seed_rate)
     out['searched'], out['pruned'] = result.evaluated, result.pruned
     if not out['layouts']:
       out['reason'] = (f"no layout of the preset '{spec.framework}' "
@@ -584,7 +603,7 @@ def row_result(case, recipe, outcome, tuned=False):
   return out
 
 
-def search_row(suite, case, recipe, tuned=False):
+def search_row(suite, case, recipe, tuned=False, systems=None):
   """The search on one row (see the module): a :class:`RowResult`.
 
   Args:
@@ -598,12 +617,12 @@ def search_row(suite, case, recipe, tuned=False):
   result.
   """
   return row_result(case, recipe, search_case(
-    suite, case, _recipe_rate(case, recipe)), tuned)
+    suite, case, _recipe_rate(case, recipe), systems), tuned)
 
 
 # -- the suite ---------------------------------------------------------------------
 
-def search_key(suite, case):
+def search_key(suite, case, systems=None):
   """What a row's search depends on (JSON text): rows with the same key
   have the same search (the application, the system, GPUs, batch,
   datatype, preset and fixed fields; not the recipe's layout)."""
@@ -613,7 +632,8 @@ def search_key(suite, case):
   f = case.fixed
   keep = ('num_procs', 'batch_size', 'datatype', 'framework',
           'precision_recipe', 'quantization_scaling', 'recompute_modules')
-  return json.dumps([case.priced_app, suite.system_json(case), case.metric,
+  return json.dumps([case.priced_app, row_system(suite, case, systems)[1],
+                     case.metric,
                      {k: f.get(k) for k in keep}, fixed_fields(case, ())],
                     sort_keys=True, default=str)
 
@@ -621,13 +641,14 @@ def search_key(suite, case):
 _WORKER = {}
 
 
-def _setup(suite, seeds):
-  _WORKER.update(suite=suite, seeds=seeds)
+def _setup(suite, seeds, systems=None):
+  _WORKER.update(suite=suite, seeds=seeds, systems=systems)
 
 
 def _task(i):
   suite = _WORKER['suite']
-  return i, search_case(suite, suite.cases[i], _WORKER['seeds'][i])
+  return i, search_case(suite, suite.cases[i], _WORKER['seeds'][i],
+                        _WORKER.get('systems'))
 
 
 def _cost(case):
@@ -638,7 +659,8 @@ def _cost(case):
           (case.fixed or {}).get('num_procs', 0))
 
 
-def run(suite, recipes=None, workers=1, tuned=None, progress=None):
+def run(suite, recipes=None, workers=1, tuned=None, progress=None,
+        systems=None):
   """The search on every row of ``suite``.
 
   Rows whose search is the same (:func:`search_key`) are searched once,
@@ -654,6 +676,9 @@ def run(suite, recipes=None, workers=1, tuned=None, progress=None):
     workers: processes.
     tuned: patterns of the tuned sources (default :data:`TUNED_SOURCES`).
     progress: callable(str) told of each search, or None.
+    systems: cluster -> system JSON replacing the rows' bundled files (the
+      published suite's ``--calibrated`` files), or None; the recipes
+      should be priced on the same.
 
   Returns:
     list of :class:`RowResult` in ``suite.cases`` order.
@@ -666,13 +691,13 @@ def run(suite, recipes=None, workers=1, tuned=None, progress=None):
   progress = progress or (lambda text_: None)
   patterns = tuned_patterns(tuned)
   if recipes is None:
-    recipes = published.run_suite(suite)
+    recipes = published.run_suite(suite, systems=systems)
   recipes = list(recipes)
   if len(recipes) != len(suite.cases):
     raise ConfigError(f'{len(recipes)} published results for '
                       f'{len(suite.cases)} rows', field='recipes')
   flags = [is_tuned(c.row.get('source'), patterns) for c in suite.cases]
-  keys = [search_key(suite, c) for c in suite.cases]
+  keys = [search_key(suite, c, systems) for c in suite.cases]
   first, seeds = {}, [0.0] * len(suite.cases)
   for i, (key, case) in enumerate(zip(keys, suite.cases)):
     j = first.setdefault(key, i)
@@ -681,7 +706,7 @@ def run(suite, recipes=None, workers=1, tuned=None, progress=None):
                 reverse=True)
   outcomes = {}
   for i, res in imap(_task, todo, max(1, int(workers)), initializer=_setup,
-                     initargs=(suite, seeds), ordered=False):
+                     initargs=(suite, seeds, systems), ordered=False):
     outcomes[i] = res
     same = [suite.cases[k].id for k, key in enumerate(keys)
             if key == keys[i]]

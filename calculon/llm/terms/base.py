@@ -6,7 +6,8 @@ Provides:
   quantities every concern shares: the parallel degrees (``tp``, ``pp``,
   ``dp``, ``cp``, ``dpcp``, ``ep``, ``etp``, ``edp``, ``interleaving``),
   the sharding level and its shard counts (``sharding``,
-  ``optimizer_shards``, ``grad_shards``, ``fsdp``, ``weight_shards``),
+  ``optimizer_shards``, ``grad_shards``, ``fsdp``, ``weight_shards``,
+  ``grad_shard_per_microbatch``),
   ``training`` and ``full_recompute``, bytes per element
   (``bytes_per_element``, ``io_bytes``, ``grad_bytes``), the
   :class:`~calculon.llm.layers.BlockContext` the layers are priced with
@@ -33,10 +34,14 @@ from calculon.config.execution import (
   DATATYPE_BYTES, DATATYPE_NAMES, OPTIMIZER_TRAFFIC_FUSED_ADAM, RECIPE_TE,
   RECOMPUTE_FULL, SCALING_BLOCK, SCALING_CURRENT, SHARD_GRADIENTS,
   SHARD_OPTIMIZER, SHARD_PARAMETERS, UNSET)
+from calculon.config.registry import GRADIENT_SHARD_REDUCE_NAMES
 from calculon.llm.block import Shape
 from calculon.llm.layers import (
   BlockContext, FP16_UNSCALE_BYTES, FP32_BYTES, FUSED_ADAM_BYTES)
 from calculon.llm.layers import hidden_behind as _hidden_behind
+
+#: ``gradient_shard_reduce`` code of a reduce-scatter every microbatch.
+GRADIENT_REDUCE_MICROBATCH = GRADIENT_SHARD_REDUCE_NAMES.index('microbatch')
 
 __all__ = ['BaseTerms', 'Concern', 'quantize_bytes_per_element',
            '_hidden_behind', '_pos', '_min', '_max', '_scalar_if_zero']
@@ -159,6 +164,11 @@ class BaseTerms:
     self.grad_shards = np.where(sharding >= SHARD_GRADIENTS, self.dpcp, 1)
     self.fsdp = sharding == SHARD_PARAMETERS
     self.weight_shards = np.where(self.fsdp, self.dpcp, 1)
+    # ZeRO-2 that reduce-scatters each block's gradients in every
+    # microbatch (``gradient_shard_reduce`` 'microbatch'), as FSDP does.
+    self.grad_shard_per_microbatch = (sharding == SHARD_GRADIENTS) & (
+      e.gradient_shard_reduce == GRADIENT_REDUCE_MICROBATCH) & \
+      (self.dpcp > 1)
     # Routed experts are replicated over the expert data-parallel ranks:
     # TP x DP x CP / (EP x ETP) (Megatron-Core MoE parallel folding).
     self.ep, self.etp = e.expert_par, e.expert_tensor_par

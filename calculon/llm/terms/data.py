@@ -99,14 +99,17 @@ class DataTerms:
 
   def _dp_group_time_s(self, reduce, gather, dp, experts=False):
     """(total, all-gather) seconds of one group's end-of-batch DP
-    communication: reduce-scatter + all-gather when sharded, else an
-    all-reduce (the all-gather part 0)."""
+    communication: reduce-scatter + all-gather when sharded (the gather
+    alone where ``grad_shard_per_microbatch``), else an all-reduce (the
+    all-gather part 0)."""
     net, tier = self.system.networks, self.exe.data_par_net
     g = self._dp_peers_per_domain(dp, experts)
     with np.errstate(divide='ignore', invalid='ignore'):
       ag = net.collective_time_s('all_gather', gather, dp, tier, g)
-      sharded = net.collective_time_s('reduce_scatter', reduce, dp, tier, g) \
-        + ag
+      rs = net.collective_time_s('reduce_scatter', reduce, dp, tier, g)
+      # ZeRO-2 reducing every microbatch reduce-scattered its gradients
+      # block by block (calculon.llm.terms.fsdp): only the gather is left.
+      sharded = np.where(self.grad_shard_per_microbatch, 0, rs) + ag
       plain = net.collective_time_s('all_reduce', reduce, dp, tier, g)
     on = dp > 1
     return (np.where(on, np.where(self._sharded, sharded, plain), 0),

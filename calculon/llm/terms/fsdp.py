@@ -32,9 +32,10 @@ class FsdpTerms:
   """FSDP (ZeRO-3) communication and copies (see the module)."""
 
   #: Exposed gathers, reduce-scatters and buffer copies of every block,
-  #: where any execution shards its weights.
+  #: where any execution shards its weights, or reduce-scatters its
+  #: gradient shards every microbatch (ZeRO-2).
   CONCERN = Concern(
-    'fsdp', lambda ev: bool(np.any(ev.fsdp)),
+    'fsdp', lambda ev: bool(np.any(ev.fsdp | ev.grad_shard_per_microbatch)),
     block_fw=('block_fsdp_fw_exposed_s', 'block_fsdp_copy_fw_s'),
     block_bw=('block_fsdp_bw_exposed_s', 'block_fsdp_copy_bw_s'),
     batch=('fsdp_comm_exposed_time_s', 'fsdp_copy_time_s'))
@@ -44,7 +45,11 @@ class FsdpTerms:
     per microbatch: the 16-bit weights are gathered before its forward and
     again before its backward, its gradients reduce-scattered after the
     backward (PyTorch FSDP FULL_SHARD; Megatron-FSDP
-    ``optim_grads_params``), over the DP x CP ranks on the DP tier."""
+    ``optim_grads_params``), over the DP x CP ranks on the DP tier.  With
+    ZeRO-2 reducing every microbatch (``grad_shard_per_microbatch``:
+    DeepSpeed stage 2 reduces each gradient bucket in every backward,
+    deepspeed/runtime/engine.py allreduce_gradients) only the
+    reduce-scatter."""
     net, tier = self.system.networks, self.exe.data_par_net
     groups = [(totals.weight_elems, self.dpcp, False)]
     if self.app.is_moe:
@@ -59,8 +64,8 @@ class FsdpTerms:
           'all_gather', elems * self.io_bytes, dp, tier, g), 0)
         rs = rs + np.where(on, net.collective_time_s(
           'reduce_scatter', elems * self.grad_bytes, dp, tier, g), 0)
-    return np.where(self.fsdp, ag, 0), np.where(self.fsdp & self.training,
-                                                rs, 0)
+    reduce = (self.fsdp | self.grad_shard_per_microbatch) & self.training
+    return np.where(self.fsdp, ag, 0), np.where(reduce, rs, 0)
 
   @cached_property
   def block_fsdp_copy_s(self):

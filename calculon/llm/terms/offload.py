@@ -186,7 +186,7 @@ class OffloadTerms:
       return 0.0
     e, nets = self.exe, self.system.networks
     busy = 0.0
-    if np.any(self.fsdp):
+    if np.any(self.fsdp | self.grad_shard_per_microbatch):
       t = self.block_fsdp_fw_s if stage == 'fw' else self.block_fsdp_bw_s
       busy = busy + np.where(e.data_par_net == tier, t, 0)
     if np.any(self.cp > 1):

@@ -145,11 +145,14 @@ class VocabTerms:
   def _vocab_dp_s(self, t):
     """Data-parallel communication of the weights of ``t`` per batch:
     the end-of-batch reduction (:meth:`_dp_time_s`), or with FSDP its
-    gathers and reduce-scatter every microbatch.  Not overlapped: the
+    gathers and reduce-scatter every microbatch (ZeRO-2 reducing every
+    microbatch: its reduce-scatters, then the end-of-batch gather).  Not overlapped: the
     embedding's gradients are the last the first stage produces."""
     ag, rs = self._fsdp_times_s(t)
     fsdp = self.num_microbatches * (2 * ag + rs)
-    return np.where(self.fsdp, fsdp, self._dp_time_s(t))
+    zero2 = np.where(self.grad_shard_per_microbatch,
+                     self.num_microbatches * rs, 0)
+    return np.where(self.fsdp, fsdp, self._dp_time_s(t) + zero2)
 
   @cached_property
   def vocab_dp_time_s(self):
