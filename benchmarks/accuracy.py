@@ -3,8 +3,10 @@ calibration, cross-validated (the numbers of docs/accuracy.md).
 
     python benchmarks/accuracy.py [--runs CSV ...] [--out DIR] [--every-parameter]
 
-1. The published suite with the bundled (uncalibrated) system files: every
-   row priced, the fastest feasible execution of the unknown settings.
+1. The published suite with the datasheet system files (uncalibrated:
+   systems/X_datasheet.json where the default systems/X.json is the
+   calibrated one): every row priced, the fastest feasible execution of
+   the unknown settings.
 2. Leave one source out: for every source group, each of its runs is
    predicted with its cluster calibrated on the other groups' runs of that
    cluster, from the prior centres the other groups' runs of the other

@@ -16,10 +16,11 @@ values repeated to the 32 query heads, PyTorch's scaled_dot_product_attention
 activations, no dropout, no recomputation.  Forward + backward of
 ``--blocks`` stacked blocks, CUDA events, 3 warm-ups, the median of 10,
 per block; eager, then ``torch.compile`` of the stack.  The prediction is
-calculon's for llama3-8B's block on SYSTEM (default systems/h100_sxm_80g
-.json) with FlashAttention-2's factor from validation/conventions.yaml
-(fa2 0.59), the fused activation, TP 1, the same microbatch and sequence:
-forward + input gradient + weight gradient of one block.
+calculon's for llama3-8B's block on SYSTEM (default
+systems/h100_sxm_80g_datasheet.json) with FlashAttention-2's factor from
+validation/conventions.yaml (fa2 0.59), the fused activation, TP 1, the
+same microbatch and sequence: forward + input gradient + weight gradient
+of one block.
 
 Exits 2 with one line when torch or a CUDA device is missing.
 """
@@ -175,8 +176,8 @@ def main(argv=None):
   ap.add_argument('--blocks', type=int, default=4)
   ap.add_argument('--seq', type=int, default=8192)
   ap.add_argument('--mbs', type=int, default=1)
-  ap.add_argument('--system', default=os.path.join(ROOT, 'systems',
-                                                   'h100_sxm_80g.json'))
+  ap.add_argument('--system', default=os.path.join(
+    ROOT, 'systems', 'h100_sxm_80g_datasheet.json'))
   ap.add_argument('--predict-only', action='store_true')
   ap.add_argument('--json', help='write the numbers to this file')
   args = ap.parse_args(argv)

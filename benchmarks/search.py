@@ -45,16 +45,16 @@ CASES = {
          'systems/a100_80g.json', '-t', '5']),
   'c': ('Llama 3 8B, 64 H100, modern space, no pruning',
         ['models/llama3-8B.json', '64', '256', 'bfloat16',
-         'systems/h100_sxm_80g.json', '-t', '5', '--no-prune']),
+         'systems/h100_sxm_80g_datasheet.json', '-t', '5', '--no-prune']),
   'd': ('Llama 3.1 405B, 16,384 H100, modern space (pruned)',
         ['models/llama3.1-405B.json', '16384', '2048', 'float8',
-         'systems/h100_sxm_80g.json', '-t', '5']),
+         'systems/h100_sxm_80g_datasheet.json', '-t', '5']),
   'e': ('Mixtral 8x22B, 1,024 H100, modern space (pruned)',
         ['models/mixtral-8x22B.json', '1024', '1024', 'bfloat16',
-         'systems/h100_sxm_80g.json', '-t', '5']),
+         'systems/h100_sxm_80g_datasheet.json', '-t', '5']),
   'f': ('DeepSeek-V3, 2,048 H100, modern space (pruned)',
         ['models/deepseek-v3.json', '2048', '4096', 'float8',
-         'systems/h100_sxm_80g.json', '-t', '5']),
+         'systems/h100_sxm_80g_datasheet.json', '-t', '5']),
 }
 
 

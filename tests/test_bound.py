@@ -43,9 +43,11 @@ from calculon.llm.model import (
 from conftest import load_json, repo
 
 MODELS = ('llama3-8B', 'llama2-7B', 'qwen3-30B-A3B', 'mixtral-8x7B')
-#: Two systems with tier-2 memory; the calibrated H100 adds the host
-#: overheads (per microbatch and per MoE block).
-SYSTEMS = ('h100_sxm_80g', 'gb200_nvl72', 'h100_sxm_80g_calibrated')
+#: Two datasheet systems with tier-2 memory; the calibrated H100 (the
+#: default file) adds the host overheads (per microbatch and per MoE
+#: block).
+SYSTEMS = ('h100_sxm_80g_datasheet', 'gb200_nvl72_datasheet',
+           'h100_sxm_80g')
 PROCS = (8, 16, 32, 64, 128, 256)
 #: Presets: every option and level ('common'), and two that set behaviours
 #: conditioned on the options (precision, sharding, TP overlap).
@@ -175,7 +177,7 @@ def test_bounds_on_every_concern():
   assert [c.name for c in Evaluation.CONCERNS] == [
     'host optimizer step', 'context parallelism', 'fsdp', 'vocabulary', 'expert parallelism',
     'host overheads']
-  spec, groups = _groups('qwen3-30B-A3B', 'h100_sxm_80g_calibrated', 64,
+  spec, groups = _groups('qwen3-30B-A3B', 'h100_sxm_80g', 64,
                          256, 'bfloat16')
   picked = [g for g in groups if g.cp > 1 and g.pp > 1][:1] + \
     [g for g in groups if g.cp == 1 and g.tp > 1 and g.pp > 1][:1]

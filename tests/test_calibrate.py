@@ -18,9 +18,10 @@ from calculon.llm import evaluate_columns
 from calculon.validation import calibrate as C
 from calculon.validation import mapping as M
 from calculon.validation import published as P
+from calculon.validation.system_files import is_calibrated
 from conftest import ROOT, load_json, repo, run_cli, write_csv
 
-H100 = load_json(repo('systems', 'h100_sxm_80g.json'))
+H100 = load_json(repo('systems', 'h100_sxm_80g_datasheet.json'))
 #: Known parameters the synthetic runs are made with.
 TRUTH = {'matrix': 0.86, 'net0': 0.8, 'net1': 0.7, 'per_microbatch_s': 0.004}
 #: (TP, PP, DP, microbatch, global batch) of the synthetic runs: TP inside
@@ -158,7 +159,7 @@ def test_held_out_runs_never_inform_their_prediction(synthetic, tmp_path):
       assert t == a.loc[c.id, 'after_s']
 
 
-A100 = load_json(repo('systems', 'a100_sxm_80g.json'))
+A100 = load_json(repo('systems', 'a100_sxm_80g_datasheet.json'))
 
 
 def two_cluster_rows(tmp_path, scale_a100=None):
@@ -261,18 +262,29 @@ def test_correlation_warning():
 
 
 def test_cli_calibrate(synthetic, tmp_path):
+  # The cluster is the file name without _datasheet: h100_sxm_80g's runs.
+  datasheet = repo('systems', 'h100_sxm_80g_datasheet.json')
   out = tmp_path / 'cal.json'
-  res = run_cli('calibrate', synthetic, repo('systems', 'h100_sxm_80g.json'),
+  res = run_cli('calibrate', synthetic, datasheet,
                 '-o', out, '--params', 'matrix,net0,net1,per_microbatch_s',
                 '--prior-sigma', '50', '--cv', 'none')
   assert res.returncode == 0, res.stderr
-  for needle in ('matrix', 'std err', 'In sample', 'wrote'):
+  for needle in ('matrix', 'std err', 'In sample', 'wrote',
+                 '(cluster h100_sxm_80g)'):
     assert needle in res.stdout, needle
+  assert 'already a calibrated file' not in res.stdout
   cal = json.loads(out.read_text())
   assert cal['networks'][1]['efficiency'] == pytest.approx(
     H100['networks'][1]['efficiency'] * TRUTH['net1'], rel=0.02)
   assert any('calculon calibrate' in n for n in cal['notes'])
-  bad = run_cli('calibrate', synthetic, repo('systems', 'h100_sxm_80g.json'),
+  assert is_calibrated(cal) and not is_calibrated(H100)
+  # Calibrating a calibrated file again is allowed, with a note.
+  again = run_cli('calibrate', synthetic, out, '--cluster', 'h100_sxm_80g',
+                  '-o', tmp_path / 'again.json', '--params', 'matrix',
+                  '--cv', 'none')
+  assert again.returncode == 0, again.stderr
+  assert 'already a calibrated file' in again.stdout
+  bad = run_cli('calibrate', synthetic, datasheet,
                 '-o', tmp_path / 'x.json', '--params', 'matrix,moe')
   assert bad.returncode == 2
   assert 'moe: no run is sensitive to it' in bad.stderr

@@ -180,7 +180,7 @@ def test_search_recompute_modules_flag(tmp_path):
   set gives selective candidates those modules, and the best execution
   runs as a single execution."""
   model = repo('models', 'mixtral-8x7B.json')
-  system = repo('systems', 'h100_sxm_80g.json')
+  system = repo('systems', 'h100_sxm_80g_datasheet.json')
   out = tmp_path / 'best.json'
   bad = run_cli('llm-optimal-execution', model, 16, 64, 'bfloat16', system,
                 out, '-q', '--recompute-modules', 'moe', 'moe')

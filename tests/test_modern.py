@@ -13,12 +13,14 @@ from calculon.hardware import System
 from calculon.io import read_json_file
 from calculon.llm.engine import evaluate_columns
 from calculon.llm.flops import model_flops_per_token
+from calculon.validation.system_files import datasheet_path
 
 from conftest import ROOT
 
 A100 = System(read_json_file(f'{ROOT}/systems/a100_80g.json'))
 H100 = System(read_json_file(f'{ROOT}/systems/h100_80g_nvl8.json'))
-H100_SXM = System(read_json_file(f'{ROOT}/systems/h100_sxm_80g.json'))
+H100_SXM = System(read_json_file(
+  f'{ROOT}/systems/h100_sxm_80g_datasheet.json'))
 
 BASE_EXE = dict(
   num_procs=1, tensor_par=1, pipeline_par=1, data_par=1, tensor_par_net=0,
@@ -744,8 +746,10 @@ def test_mlperf_gpt3_175b_fits_in_80_gb(system):
 
 # -- rails: data-parallel collectives over the NICs of a node ---------------------
 def _system(name, rails='file'):
-  """A bundled system; ``rails``: the file's, None (left out) or a value."""
-  cfg = read_json_file(f'{ROOT}/systems/{name}.json')
+  """A bundled system's datasheet file (systems/NAME_datasheet.json where
+  the default is calibrated); ``rails``: the file's, None (left out) or a
+  value."""
+  cfg = read_json_file(datasheet_path(ROOT, name))
   if rails is None:
     cfg['networks'][1].pop('rails', None)
   elif rails != 'file':
@@ -1363,7 +1367,8 @@ def test_fused_adam_traffic_counts_every_pass_of_the_step():
                   rel=1e-9)
   # bfloat16: no unscaling, 38 bytes.
   bf = dict(common, datatype='bfloat16',
-            system=System(read_json_file(f'{ROOT}/systems/a100_sxm_80g.json')))
+            system=System(read_json_file(
+              f'{ROOT}/systems/a100_sxm_80g_datasheet.json')))
   ratio = value(evaluation(app, optimizer_traffic='fused_adam', **bf)
                 .block.optim_mem_bytes) / value(evaluation(app, **bf)
                                                 .block.optim_mem_bytes)

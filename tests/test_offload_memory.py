@@ -17,7 +17,8 @@ from calculon.llm.terms.offload import (
   HOST_FUSED_ADAM_BYTES, HOST_STEP_WEIGHT_BYTES, HOST_UNFUSED_ADAM_BYTES)
 from calculon.search import SearchSpec, optimal_executions
 from calculon.search.grid import execution_record
-from conftest import load_json, repo
+from calculon.validation.system_files import datasheet_path
+from conftest import ROOT, load_json, repo
 
 MODERN = ('h100_sxm_80g', 'h200_141g', 'b200', 'b300', 'gb200_nvl72',
           'gb300_nvl72', 'mi300x', 'mi355x')
@@ -26,7 +27,9 @@ GIB = 2 ** 30
 
 
 def _system(name, drop=()):
-  cfg = copy.deepcopy(load_json(repo('systems', f'{name}.json')))
+  """A bundled system's datasheet file (systems/NAME_datasheet.json where
+  the default is calibrated), without the sections ``drop``."""
+  cfg = copy.deepcopy(load_json(datasheet_path(ROOT, name)))
   for key in drop:
     cfg.pop(key, None)
   return System(cfg)
@@ -284,7 +287,7 @@ def test_an_execution_at_the_edge_of_memory_is_refused():
             data_par_sharding='optimizer')
   bare = _system('h100_sxm_80g', drop=('memory_reserve',))
   need = _at(_ev('llama3-70B', bare, **kw).mem1_bytes)
-  cfg = copy.deepcopy(load_json(repo('systems', 'h100_sxm_80g.json')))
+  cfg = copy.deepcopy(load_json(datasheet_path(ROOT, 'h100_sxm_80g')))
   cfg['mem1']['GiB'] = need * 1.02 / GIB
   ev = _ev('llama3-70B', System(cfg), **kw)
   cfg.pop('memory_reserve')

@@ -119,7 +119,7 @@ def test_attention_kernel_of_the_framework_on_hopper(suite):
   efficiency; the file's own value is the FA3/cuDNN class (0.72).  A
   torchtitan row (PyTorch SDPA: FA2) on H100 gets that factor, a Megatron
   row (cuDNN) and an A100 row (FA2 is Ampere's best) keep the file's."""
-  h100 = json.load(open(repo('systems', 'h100_sxm_80g.json')))
+  h100 = json.load(open(repo('systems', 'h100_sxm_80g_datasheet.json')))
   assert h100['fused_attention_efficiency'] == 0.72
   titan = case(suite, 'torchtitan-04')
   factor = titan.system_set['fused_attention_efficiency']['times']

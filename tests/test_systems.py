@@ -1,8 +1,12 @@
-"""Bundled system files (systems/*.json): they load, their peaks are the
-vendors' dense datasheet numbers, their large-GEMM efficiency is the cited
-measurement, and `calculon llm` prices a modern model on each."""
+"""Bundled system files (systems/*.json): they load, the datasheet files'
+peaks are the vendors' dense datasheet numbers, their large-GEMM efficiency
+is the cited measurement, `calculon llm` prices a modern model on each,
+and each GPU's default file is the calibrated one where a calibration
+exists (its datasheet-only twin systems/X_datasheet.json), Calculon's own
+files untouched."""
 
 import glob
+import hashlib
 import json
 import os
 
@@ -10,7 +14,8 @@ import pytest
 
 from calculon.cli.main import main
 from calculon.config.system import SystemConfig
-from conftest import load_json, repo, run_cli
+from calculon.validation.system_files import datasheet_path, is_calibrated
+from conftest import ROOT, load_json, repo, run_cli
 
 SYSTEMS = sorted(glob.glob(repo('systems', '*.json')))
 
@@ -87,9 +92,14 @@ SCALE_OUT = {'a100_40g': 25, 'a100_sxm_80g': 25, 'h100_sxm_80g': 50, 'h200_141g'
              'mi300x': 50, 'mi355x': 50}
 
 
+def datasheet(name):
+  """The JSON of GPU ``name``'s datasheet file (systems/NAME_datasheet.json
+  where the default systems/NAME.json is calibrated)."""
+  return load_json(datasheet_path(ROOT, name))
+
+
 def system(name):
-  return SystemConfig.from_dict(load_json(repo('systems', name + '.json')),
-                                name)
+  return SystemConfig.from_dict(datasheet(name), name)
 
 
 def test_every_bundled_system_loads():
@@ -101,8 +111,53 @@ def test_every_bundled_system_loads():
 
 @pytest.mark.parametrize('name', NEW)
 def test_new_system_describes_itself(name):
-  doc = load_json(repo('systems', name + '.json'))
-  assert doc['name'] and doc['source'] and doc['notes']
+  for doc in (load_json(repo('systems', name + '.json')), datasheet(name)):
+    assert doc['name'] and doc['source'] and doc['notes']
+
+
+# The defaults calibrated to measured runs (validation/make_calibrated.py)
+# and the datasheet-only files they were fitted from.
+CALIBRATED = ('a100_sxm_80g', 'h100_sxm_80g', 'b200', 'gb200_nvl72',
+              'gb300_nvl72')
+# Calculon's own files, as Calculon ships them (sha256 of each, the same
+# at commit 1cba8f1).
+CALCULON = {
+  'a100_40g':
+    '43ae4ecb3f674fcacd4e5b540115ee48689f35defc796e6e3da9ecea5eee552c',
+  'a100_80e':
+    '59314273e550697a8637d64a149f76eaf78b52908d002686b3f59a550b04bf6c',
+  'a100_80g':
+    '781e1b358be4fd74a88ffef86d55ffb11ddfa76edf10474b0f7610a292864047',
+  'h100_80g_nvl8':
+    '6b5a22610c722f1d13562bb0f4bea5077ebf3719a87ae71c4b8c36bed81a56d4',
+}
+
+
+def test_defaults_are_the_calibrated_files():
+  for name in CALIBRATED + ('h100_96g_power_capped',):
+    assert is_calibrated(load_json(repo('systems', name + '.json'))), name
+  for name in CALIBRATED:
+    path = repo('systems', name + '_datasheet.json')
+    assert datasheet_path(ROOT, name) == path
+    assert not is_calibrated(load_json(path)), name
+  # The power-capped H100s are fitted from the H100 SXM's datasheet file.
+  assert not os.path.exists(repo('systems',
+                                 'h100_96g_power_capped_datasheet.json'))
+  assert not glob.glob(repo('systems', '*_calibrated.json'))
+  # Every other file is a datasheet file (or Calculon's): no twin.
+  for path in SYSTEMS:
+    name = os.path.basename(path)[:-len('.json')]
+    if name.endswith('_datasheet') or name in CALIBRATED or \
+        name == 'h100_96g_power_capped':
+      continue
+    assert not is_calibrated(load_json(path)), name
+    assert datasheet_path(ROOT, name) == path
+
+
+@pytest.mark.parametrize('name', sorted(CALCULON))
+def test_calculons_own_files_are_untouched(name):
+  with open(repo('systems', name + '.json'), 'rb') as fd:
+    assert hashlib.sha256(fd.read()).hexdigest() == CALCULON[name]
 
 
 @pytest.mark.parametrize('name', NEW)
@@ -145,7 +200,7 @@ FUSED_ATTENTION = {'a100_40g': 0.71, 'a100_sxm_80g': 0.71,
 
 @pytest.mark.parametrize('name', sorted(FUSED_ATTENTION))
 def test_fused_attention_efficiency(name):
-  doc = load_json(repo('systems', name + '.json'))
+  doc = datasheet(name)
   assert doc['fused_attention_efficiency'] == FUSED_ATTENTION[name]
   # The A100 value is the cited range's middle over the measured GEMMs.
   if name.startswith('a100'):

@@ -5,10 +5,15 @@ enough measured runs in validation/published_runs.csv and
 validation/published_runs_2024_2026.csv, runs
 
     calculon calibrate validation/published_runs.csv \\
-        validation/published_runs_2024_2026.csv systems/SYSTEM.json \\
-        --cluster CLUSTER -o systems/CLUSTER_calibrated.json --cv none
+        validation/published_runs_2024_2026.csv \\
+        systems/SYSTEM_datasheet.json --cluster CLUSTER \\
+        -o systems/CLUSTER.json --cv none
 
-and prints what it fitted.  The uncalibrated (datasheet) files stay.
+and prints what it fitted.  The calibrated files are the defaults
+(``systems/CLUSTER.json``); each is fitted from its datasheet-only twin
+``systems/SYSTEM_datasheet.json``, which stays (the power-capped H100
+cluster is fitted from the H100 SXM's; see
+:mod:`calculon.validation.system_files`).
 
 Run from the repository root: ``python validation/make_calibrated.py``.
 """
@@ -20,7 +25,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNS = ['validation/published_runs.csv',
         'validation/published_runs_2024_2026.csv']
-#: cluster -> bundled system file it is calibrated from.
+#: cluster -> the GPU whose datasheet file (systems/GPU_datasheet.json) it
+#: is calibrated from.
 CLUSTERS = {
   'a100_sxm_80g': 'a100_sxm_80g',              # Selene-class DGX A100
   'h100_sxm_80g': 'h100_sxm_80g',              # Eos-class DGX H100
@@ -33,9 +39,10 @@ CLUSTERS = {
 
 def main():
   for cluster, system in CLUSTERS.items():
-    out = f'systems/{cluster}_calibrated.json'
+    out = f'systems/{cluster}.json'
     cmd = [sys.executable, '-m', 'calculon', 'calibrate', *RUNS,
-           f'systems/{system}.json', '--cluster', cluster, '-o', out,
+           f'systems/{system}_datasheet.json', '--cluster', cluster,
+           '-o', out,
            '--cv', 'none']
     print('$', ' '.join(['calculon'] + cmd[3:]), flush=True)
     res = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True)

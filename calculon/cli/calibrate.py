@@ -44,7 +44,8 @@ def add_parsers(sp):
                  'both (default) or none')
   p.add_argument('--cluster', default=None,
                  help='calibrate the runs of this cluster of the hardware '
-                 'table (default: the system file name)')
+                 'table (default: the system file name without .json and '
+                 'without a _datasheet or _calibrated suffix)')
   p.add_argument('--all-rows', action='store_true',
                  help='price every row of the runs file(s) on SYSTEM')
   p.add_argument('--prior-sigma', type=float, default=None,
@@ -95,6 +96,8 @@ def run(args, log):
   from calculon.validation import check_base_dir, default_base_dir
   from calculon.validation import calibrate as C
   from calculon.validation.published import Suite, error_stats
+  from calculon.validation.system_files import (DATASHEET, base_name,
+                                                is_calibrated)
   base_dir = check_base_dir(args.base_dir or default_base_dir())
   say = log.info if args.verbose else (lambda text: None)
   names = _parse_params(args.params)
@@ -108,10 +111,12 @@ def run(args, log):
                       'number > 0', field='prior_sigma')
   cfg = read_json_file(args.system)
   SystemConfig.from_dict(cfg, args.system)
-  name = os.path.basename(args.system)
-  name = name[:-len('.json')] if name.endswith('.json') else name
-  if name.endswith('_calibrated'):
-    name = name[:-len('_calibrated')]
+  name = base_name(args.system)
+  if is_calibrated(cfg):
+    log.info(f'note: {args.system} is already a calibrated file: the fit '
+             'multiplies its efficiencies again (systems/'
+             f'{name}{DATASHEET}.json, where there is one, is the datasheet '
+             'file it was calibrated from)')
   suite = Suite(base_dir, args.runs, args.conventions)
   cluster = args.cluster or name
   cases = C.select_runs(suite, name, args.cluster, args.all_rows)

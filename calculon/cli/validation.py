@@ -11,8 +11,10 @@ Suites (``--suite``):
   columns), mapped by the conventions of validation/conventions.yaml
   (:mod:`calculon.validation.published`): a table with the range the
   unknown settings span, a summary, per source, and the rows not priced
-  with the reason; exit status 0.  ``--calibrated`` prices each row on
-  ``systems/CLUSTER_calibrated.json`` where one exists.  ``--search``
+  with the reason; exit status 0.  Rows are priced on the datasheet files
+  (``systems/X_datasheet.json`` where one exists, else ``systems/X.json``);
+  ``--calibrated`` prices each row on ``systems/CLUSTER.json`` where that
+  is a calibrated file.  ``--search``
   then searches each row's framework preset at the row's GPUs, batch,
   sequence and datatype and compares the best with the measured
   throughput and the recipe's price (issue 34,
@@ -71,8 +73,10 @@ def add_parsers(sp):
                  "preset instead of its source's (calculon frameworks lists "
                  'them)')
   p.add_argument('--calibrated', action='store_true',
-                 help='price each row on systems/CLUSTER_calibrated.json '
-                 'where it exists (see calculon calibrate)')
+                 help='price each row on systems/CLUSTER.json where that '
+                 'is a calibrated file (see calculon calibrate); without '
+                 'it, on the datasheet files (systems/X_datasheet.json '
+                 'where one exists)')
   p.add_argument('--search', action='store_true',
                  help="published suite: also search each row's framework "
                  "preset at the row's GPUs, global batch, sequence and "
@@ -119,15 +123,18 @@ def _seqsel(args, log, base_dir, say):
 
 def calibrated_systems(base_dir, suite):
   """cluster -> calibrated system JSON for the clusters of ``suite``
-  with a ``systems/CLUSTER_calibrated.json``."""
+  whose ``systems/CLUSTER.json`` is a calibrated file
+  (:func:`calculon.validation.system_files.calibrated_path`)."""
   from calculon.io import read_json_file
-  out = {}
+  from calculon.validation.system_files import calibrated_path
+  out, seen = {}, set()
   for case in suite.cases:
     cluster = case.cluster or case.system_name
-    if not cluster or cluster in out:
+    if not cluster or cluster in seen:
       continue
-    path = os.path.join(base_dir, 'systems', f'{cluster}_calibrated.json')
-    if os.path.exists(path):
+    seen.add(cluster)
+    path = calibrated_path(base_dir, cluster)
+    if path is not None:
       out[cluster] = read_json_file(path)
   return out
 
@@ -147,7 +154,7 @@ def _published(args, log, base_dir, say):
   if args.calibrated:
     systems = calibrated_systems(base_dir, suite)
     log.info('Calibrated systems: ' + (', '.join(
-      f'systems/{k}_calibrated.json' for k in systems) or 'none found'))
+      f'systems/{k}.json' for k in systems) or 'none found'))
   results = published.run_suite(suite, progress=say, systems=systems)
   frame = published.results_frame(results)
   log.info(published.format_report(frame, verbose=args.verbose))
@@ -246,7 +253,7 @@ def _whole_runs(args, log, base_dir, say):
   if args.calibrated:
     suite.systems = calibrated_systems(base_dir, suite)
     log.info('Calibrated systems: ' + (', '.join(
-      f'systems/{k}_calibrated.json' for k in suite.systems) or 'none found'))
+      f'systems/{k}.json' for k in suite.systems) or 'none found'))
   from calculon.parallel import default_workers
   results = whole_runs.run_suite(suite, progress=say,
                                  workers=default_workers())

@@ -56,6 +56,7 @@ from calculon.config.execution import DATATYPE_NAMES, NARROW_DATATYPES
 from calculon.errors import ConfigError
 from calculon.hardware import System
 from calculon.hardware.network import Networks
+from calculon.validation.system_files import CALIBRATED_NOTE
 
 #: Names and meanings of the calibration parameters (``netN`` for any
 #: tier N).
@@ -1316,7 +1317,7 @@ def note_text(result, runs, extra=None):
            for k in result.names]
   fitted = '; '.join(parts) if parts else (
     'no parameter pays for itself, so only the prior centres below apply')
-  text = (f'Calibrated (calculon calibrate) on {runs} measured run(s): '
+  text = (f'{CALIBRATED_NOTE} on {runs} measured run(s): '
           + fitted + '. Scales multiply the efficiencies of the '
           'uncalibrated file (clamped to 1); overheads in seconds.')
   return [text] + ([extra] if extra else [])

@@ -36,6 +36,7 @@ from calculon.config.application import router_groups_fit
 from calculon.config.system import OPTIONAL_EFFICIENCIES
 from calculon.errors import ConfigError
 from calculon.io import read_json_file
+from calculon.validation.system_files import datasheet_path, relative
 
 #: Columns of the shared measurements file, in its order.
 FACT_COLUMNS = (
@@ -401,9 +402,7 @@ def _load_model(base_dir, name, cache):
 
 def _load_system(base_dir, name, cache):
   if name not in cache:
-    path = name if name.endswith('.json') else os.path.join(
-      base_dir, 'systems', f'{name}.json')
-    cache[name] = read_json_file(path)
+    cache[name] = read_json_file(datasheet_path(base_dir, name))
   return cache[name]
 
 
@@ -459,9 +458,16 @@ class Mapper:
     self._systems = {}
 
   def system_json(self, case):
-    """The system JSON object of ``case`` (its field changes applied)."""
+    """The system JSON object of ``case`` (its field changes applied):
+    the datasheet file of its system (:func:`~calculon.validation.
+    system_files.datasheet_path`)."""
     cfg = _load_system(self.base_dir, case.system_name, self._systems)
     return apply_system_set(cfg, case.system_set) if case.system_set else cfg
+
+  def system_source(self, case):
+    """The file :meth:`system_json` reads, as ``systems/NAME.json``."""
+    return relative(self.base_dir,
+                    datasheet_path(self.base_dir, case.system_name))
 
   # -- the parts of a case ---------------------------------------------------------
   def _hardware(self, case):

@@ -254,7 +254,9 @@ class Suite:
     if override is None and cache_key in self._systems:
       return self._systems[cache_key]
     cfg = self.system_json(case, override)
-    system = System(cfg, source=f'systems/{case.system_name}.json')
+    source = self.mapper.system_source(case) if override is None else \
+      f'systems/{case.cluster or case.system_name}.json'
+    system = System(cfg, source=source)
     if override is None or key is not None:
       self._systems[cache_key] = system
     return system

@@ -275,8 +275,9 @@ class Suite:
     return out
 
   def system(self, case):
-    """The :class:`~calculon.hardware.System` of ``case``: the bundled
-    file (or its replacement in :attr:`systems`) with the row's changes."""
+    """The :class:`~calculon.hardware.System` of ``case``: its datasheet
+    file (or its replacement in :attr:`systems`, the calibrated file with
+    ``--calibrated``) with the row's changes."""
     from calculon.hardware import System
     from calculon.validation.mapping import apply_system_set
     override = self.systems.get(case.cluster or case.system_name)
@@ -288,10 +289,9 @@ class Suite:
         'reliability', 'storage', 'power') if k in base and
         k not in override})
       cfg = apply_system_set(override, case.system_set)
-      return System(cfg, f'systems/{case.cluster or case.system_name}'
-                    '_calibrated.json')
+      return System(cfg, f'systems/{case.cluster or case.system_name}.json')
     return System(self.mapper.system_json(case),
-                  f'systems/{case.system_name}.json')
+                  self.mapper.system_source(case))
 
 
 def _pseudo_row(row, gpus, batch, layout):

@@ -1,0 +1,78 @@
+"""The names of the bundled system files.
+
+``systems/X.json`` is the default file of a GPU: calibrated to measured
+runs (``calculon calibrate``, validation/make_calibrated.py) where a
+calibration exists, else the datasheet file.  Where it is calibrated,
+``systems/X_datasheet.json`` is its datasheet-only twin: what the
+calibration started from.  Calculon's own files (a100_40g, a100_80e,
+a100_80g, h100_80g_nvl8) have no twin.
+
+The hardware table of validation/conventions.yaml names a base ``X``: the
+uncalibrated suite prices its rows on the datasheet file
+(:func:`datasheet_path`), ``--calibrated`` on ``systems/CLUSTER.json``
+where that file is a calibrated one (:func:`calibrated_path`).
+"""
+
+import os
+
+#: The suffix of a datasheet-only twin (``systems/X_datasheet.json``).
+DATASHEET = '_datasheet'
+#: The suffix of a calibrated file before the calibrated files became the
+#: defaults (``systems/X_calibrated.json``; still stripped from names).
+CALIBRATED = '_calibrated'
+#: How the note ``calculon calibrate`` writes into a calibrated file's
+#: ``notes`` begins: the mark of a calibrated file.
+CALIBRATED_NOTE = 'Calibrated (calculon calibrate)'
+
+
+def is_calibrated(cfg):
+  """Whether system JSON ``cfg`` was written by ``calculon calibrate``
+  (one of its notes is the calibration's)."""
+  notes = cfg.get('notes', []) if isinstance(cfg, dict) else []
+  notes = [notes] if isinstance(notes, str) else notes
+  return any(isinstance(n, str) and n.startswith(CALIBRATED_NOTE)
+             for n in notes)
+
+
+def base_name(path):
+  """The GPU name of a system file or name: its file name without
+  ``.json`` and without a ``_datasheet`` or ``_calibrated`` suffix
+  (``systems/h100_sxm_80g_datasheet.json`` -> ``h100_sxm_80g``)."""
+  name = os.path.basename(path)
+  name = name[:-len('.json')] if name.endswith('.json') else name
+  for suffix in (DATASHEET, CALIBRATED):
+    if name.endswith(suffix):
+      return name[:-len(suffix)]
+  return name
+
+
+def datasheet_path(base_dir, name):
+  """The file the uncalibrated model prices system ``name`` on:
+  ``systems/NAME_datasheet.json`` where it exists, else
+  ``systems/NAME.json`` (a path ending in ``.json`` is returned as it
+  is)."""
+  if name.endswith('.json'):
+    return name
+  twin = os.path.join(base_dir, 'systems', f'{name}{DATASHEET}.json')
+  if os.path.exists(twin):
+    return twin
+  return os.path.join(base_dir, 'systems', f'{name}.json')
+
+
+def calibrated_path(base_dir, cluster):
+  """``systems/CLUSTER.json`` when it exists and is a calibrated file
+  (:func:`is_calibrated`), else None."""
+  from calculon.io import read_json_file
+  path = os.path.join(base_dir, 'systems', f'{cluster}.json')
+  if os.path.exists(path) and is_calibrated(read_json_file(path)):
+    return path
+  return None
+
+
+def relative(base_dir, path):
+  """``path`` as ``systems/NAME.json`` when it lies in ``base_dir``'s
+  systems folder (for source labels), else as it is."""
+  folder = os.path.join(base_dir, 'systems')
+  if os.path.dirname(os.path.abspath(path)) == os.path.abspath(folder):
+    return f'systems/{os.path.basename(path)}'
+  return path
