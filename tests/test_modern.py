@@ -747,9 +747,12 @@ def test_mlperf_gpt3_175b_fits_in_80_gb(system):
 # -- rails: data-parallel collectives over the NICs of a node ---------------------
 def _system(name, rails='file'):
   """A bundled system's datasheet file (systems/NAME_datasheet.json where
-  the default is calibrated); ``rails``: the file's, None (left out) or a
-  value."""
+  the default is calibrated) without NCCL's per-step latencies;
+  ``rails``: the file's, None (left out) or a value."""
   cfg = read_json_file(datasheet_path(ROOT, name))
+  # The bandwidth model alone: one latency per operation (no NCCL steps).
+  for net in cfg['networks']:
+    net.pop('step_latency', None)
   if rails is None:
     cfg['networks'][1].pop('rails', None)
   elif rails != 'file':

@@ -120,10 +120,9 @@ def test_new_system_describes_itself(name):
 CALIBRATED = ('a100_sxm_80g', 'h100_sxm_80g', 'b200', 'gb200_nvl72',
               'gb300_nvl72')
 # Calculon's own files, as Calculon ships them (sha256 of each, the same
-# at commit 1cba8f1).
+# at commit 1cba8f1; a100_40g.json is this project's datasheet file, not
+# one of them).
 CALCULON = {
-  'a100_40g':
-    '43ae4ecb3f674fcacd4e5b540115ee48689f35defc796e6e3da9ecea5eee552c',
   'a100_80e':
     '59314273e550697a8637d64a149f76eaf78b52908d002686b3f59a550b04bf6c',
   'a100_80g':
@@ -269,3 +268,27 @@ def test_llm_cli_accepts_gb200_nvl72(tmp_path):
                 repo('systems', 'gb200_nvl72.json'), '-')
   assert out.returncode == 0, out.stderr
   assert 'MFU' in out.stdout and 'sequence 8192' in out.stdout
+
+
+def test_collective_latency_follows_nccls_cost_model():
+  """NCCL's tuning model (src/graph/tuning.cc, Simple protocol): base 8.4
+  us, 3.4 us per ring step over NVLink, 14 + 3 x 1 us per step between
+  nodes.  An all-gather of 64 ranks, 8 per node: 56 steps inside the
+  nodes, 7 between them; an all-reduce of 1,024 ranks, 8 per node, takes
+  the tree (2 x (7 intra-node + log2(128) = 7 inter-node steps)), far
+  below the ring's 2 x 1,023 steps.  Calculon's own files keep one
+  latency per operation."""
+  from calculon.hardware import System
+  nets = System(load_json(repo('systems', 'h100_sxm_80g_datasheet.json')))\
+    .networks
+  us = 1e-6
+  assert nets.latency_s_of('all_gather', 64, 1, 8) == pytest.approx(
+    (8.4 + 56 * 3.4 + 7 * 17) * us)
+  assert nets.latency_s_of('reduce_scatter', 8, 0) == pytest.approx(
+    (8.4 + 7 * 3.4) * us)
+  assert nets.latency_s_of('all_reduce', 1024, 1, 8) == pytest.approx(
+    (8.4 + 2 * (7 * 3.4 + 7 * 17)) * us)
+  assert nets.latency_s_of('p2p', 2, 1) == pytest.approx((8.4 + 17) * us)
+  calc = System(load_json(repo('systems', 'a100_80g.json'))).networks
+  assert calc.latency_s_of('all_gather', 64, 1, 8) == \
+    calc.tiers[1].latency_s

@@ -27,8 +27,9 @@ Suites (``--suite``):
 * ``all`` -- the three (``--runs`` then applies to the published suite).
 
 ``--plot DIR`` writes PNG charts, ``--out DIR`` the tables as CSV (and the
-published summary as JSON; with ``--search`` also search_check.csv and
-search_check_summary.json).
+published summary as JSON; with ``--search`` also search_check.csv,
+search_check_summary.json and search_check.md, the table of
+docs/search-vs-recipes.md).
 """
 
 import os
@@ -193,7 +194,9 @@ def _search(args, log, suite, results, say, systems=None):
     outputs.write_text(os.path.join(args.out, 'search_check_summary.json'),
                        json.dumps(search_check.summary(frame), indent=2)
                        + '\n')
-    say(f'wrote {path} and search_check_summary.json')
+    outputs.write_text(os.path.join(args.out, 'search_check.md'),
+                       search_check.markdown(frame))
+    say(f'wrote {path}, search_check_summary.json and search_check.md')
   if args.plot:
     from calculon.plots.validation import search_check_plot
     log.info('wrote ' + search_check_plot(

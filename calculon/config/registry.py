@@ -657,6 +657,17 @@ SYSTEM = (
        '(NIC) each, for one collective', absent=1,
        absent_doc="1 (Calculon's model)",
        source='NVIDIA/nccl issues #601 and #1277 (multi-NIC rings)'),
+  _sys('networks[].step_latency', Spec('number', lo=0), 'network',
+       "latency of one step of a ring (or tree) crossing this tier; with "
+       "it, 'latency' is the operation's base latency and a collective "
+       'costs base + its steps as NCCL counts them (ring: 2 (p - 1) steps '
+       'for all-reduce, p - 1 for all-gather and reduce-scatter, those '
+       'between nodes on this tier and the rest on the tier below; '
+       'all-reduce: the cheaper of the ring and a tree, 2 ((g - 1) '
+       'intra-node + log2(nodes) inter-node steps))', absent=None,
+       absent_doc="none: 'latency' per operation (Calculon)", unit='s',
+       source='NCCL src/graph/tuning.cc ncclTopoTuneModel: baseLat, '
+       'hwLat, nInterSteps (v2.21)'),
   _sys('host', Spec('dict'), 'host',
        "the host side of each processor's link to memory tier 2: what "
        'else crosses that link, and the host memory behind it',

@@ -141,6 +141,11 @@ class NetworkConfig:
     H100 nodes reach 360 GB/s of all-reduce bus bandwidth, 8 x 45 GB/s
     (NVIDIA/nccl issue #1277).  See
     :meth:`calculon.hardware.network.Networks.collective_time_s`.
+  step_latency_s: optional JSON ``step_latency`` (seconds): one ring or
+    tree step across this tier, NCCL's hardware latency per hop; with it
+    ``latency_s`` is the operation's base latency (see
+    :meth:`calculon.hardware.network.Networks.latency_s_of`).  Absent:
+    None, ``latency_s`` per operation (Calculon).
   """
   bandwidth_bytes_per_s: float
   efficiency: float
@@ -150,6 +155,7 @@ class NetworkConfig:
   must_be_filled: bool
   processor_usage: float
   rails: int = 1
+  step_latency_s: float = None
 
   @classmethod
   def read(cls, obj, source, path):
@@ -179,9 +185,11 @@ class NetworkConfig:
     filled = sub.get('must_be_filled', Spec('bool'))
     usage = sub.get('processor_usage', Spec('number', lo=0, hi=1, hi_open=True))
     rails = int(sub.get('rails', Spec('int', lo=1))) if 'rails' in obj else 1
+    step = (float(sub.get('step_latency', Spec('number', lo=0)))
+            if 'step_latency' in obj else None)
     sub.finish()
     return cls(bw, float(eff), int(size), float(latency), ops, filled,
-               float(usage), rails)
+               float(usage), rails, step)
 
 
 @frozen_record

@@ -54,6 +54,10 @@ class Networks:
                    for op in NETWORK_OPS}
     self.rails = np.array([c.rails for c in cfgs], dtype=np.int64)
     self.has_rails = bool(np.any(self.rails[1:] > 1))
+    steps = [getattr(c, 'step_latency_s', None) for c in cfgs]
+    self.step_latency_s = np.array([np.nan if v is None else v
+                                    for v in steps], dtype=float)
+    self.has_steps = bool(np.any(~np.isnan(self.step_latency_s)))
 
   def __len__(self):
     return len(self.tiers)
@@ -67,8 +71,51 @@ class Networks:
       peers: participants (2 for p2p), array or scalar.
       tier: network tier index, array or scalar.
     """
-    return self.latency_s[tier] + self._bytes(op, op_bytes, peers, tier) \
-      / self.rate(tier)
+    return self.latency_s_of(op, peers, tier) + \
+      self._bytes(op, op_bytes, peers, tier) / self.rate(tier)
+
+  def latency_s_of(self, op, peers, tier, peers_per_domain=1):
+    """Latency (s) of one ``op`` among ``peers`` on ``tier``.
+
+    Calculon's model (the tier has no ``step_latency``): the tier's
+    ``latency`` per operation.  With ``step_latency`` (NCCL's cost model,
+    src/graph/tuning.cc ncclTopoTuneModel, v2.21): the base latency plus
+    the steps of a ring, each at the latency of the tier it crosses: an
+    all-reduce takes 2 (p - 1) steps, an all-gather or a reduce-scatter p
+    - 1, of which k (nodes - 1) cross ``tier`` between the ``p /
+    peers_per_domain`` nodes (k = 2 or 1) and the rest run on the tier
+    below; a point-to-point transfer one step.  An all-reduce takes the
+    cheaper of that ring and NCCL's tree, 2 ((g - 1) steps within a node
+    + log2(nodes) between nodes).  An all-to-all keeps the base latency
+    (NCCL has no cost model for it).  On tier 0 every step is on tier 0;
+    above it, ``peers_per_domain`` (g, default 1: every peer in a node of
+    its own) are the group's processors in one node.
+
+    Args:
+      op: an operation of :data:`~calculon.config.system.NETWORK_OPS`.
+      peers, tier, peers_per_domain: arrays or scalars.
+    """
+    base = self.latency_s[tier]
+    if not self.has_steps or op == 'all_to_all':
+      return base
+    t = np.asarray(tier)
+    step = self.step_latency_s[t]
+    below = self.step_latency_s[np.maximum(t - 1, 0)]
+    below = np.where(np.isnan(below), step, below)
+    p = np.maximum(np.asarray(peers, dtype=float), 1.0)
+    g = np.where(t > 0, np.clip(peers_per_domain, 1, p), p)
+    nodes = np.maximum(p / g, 1.0)
+    if op == 'p2p':
+      hops = np.where(t > 0, step, below)
+      lat = base + hops
+    else:
+      k = 2.0 if op == 'all_reduce' else 1.0
+      inter = k * (nodes - 1)
+      lat = base + inter * step + (k * (p - 1) - inter) * below
+      if op == 'all_reduce':
+        tree = base + 2 * ((g - 1) * below + np.log2(nodes) * step)
+        lat = np.minimum(lat, tree)
+    return np.where(np.isnan(step), base, lat)
 
   def _bytes(self, op, op_bytes, peers, tier):
     """Bytes per processor of ``op`` on ``tier``: n x scalar x (1 + offset
@@ -109,7 +156,8 @@ class Networks:
         below (array or scalar, >= 1).
     """
     if not self.has_rails:
-      return self.time_s(op, op_bytes, peers, tier)
+      return self.latency_s_of(op, peers, tier, peers_per_domain) + \
+        self._bytes(op, op_bytes, peers, tier) / self.rate(tier)
     rate = self.rate(tier)
     below = np.maximum(np.asarray(tier) - 1, 0)
     g = np.where(np.asarray(tier) > 0,
@@ -120,7 +168,8 @@ class Networks:
                                                             below)
     rate = np.where(g > 1, np.minimum(g * rate, self.rate(below) * ratio),
                     rate)
-    return self.latency_s[tier] + self._bytes(op, op_bytes, peers, tier) / rate
+    return self.latency_s_of(op, peers, tier, peers_per_domain) + \
+      self._bytes(op, op_bytes, peers, tier) / rate
 
   def usage(self, tier):
     """Fraction of processor compute used to drive tier ``tier``."""

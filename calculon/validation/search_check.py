@@ -69,7 +69,7 @@ from calculon.errors import ConfigError, Infeasible
 __all__ = ['TUNED_SOURCES', 'FLAG_RATIO', 'LIMIT_RATIO', 'is_tuned',
            'tuned_patterns', 'RowResult', 'run', 'search_row', 'search_case',
            'search_spec', 'search', 'results_frame', 'summary',
-           'format_report', 'execution_text', 'differences']
+           'format_report', 'markdown', 'execution_text', 'differences']
 
 #: Sources whose rows are tuned recipes (regular expressions, matched
 #: case-insensitively anywhere in the ``source`` column).  Issue 34 names
@@ -866,3 +866,39 @@ def format_report(frame, tuned=None):
     for _, row in no.iterrows():
       lines.append(f"  {row['id']} {row['model']}: {row['reason']}")
   return '\n'.join(lines)
+
+
+def markdown(frame):
+  """The searched rows as a Markdown table (docs/search-vs-recipes.md):
+  tuned recipes first, each with its GPUs, system, measured, recipe and
+  best throughput (tokens/s/GPU), best / measured, best / recipe, and the
+  recipe's and the best's executions; then the summary lines of
+  :func:`summary`."""
+  ok = frame[frame['status'] == 'ok'].copy()
+  ok['_t'] = ~ok['tuned'].astype(bool)
+  ok = ok.sort_values(['_t', 'source', 'id'], kind='stable')
+  lines = ['| run | model | GPUs | measured | recipe | best | best / '
+           'measured | best / recipe | recipe | best |',
+           '|---|---|---|---|---|---|---|---|---|---|']
+  for _, r in ok.iterrows():
+    lines.append('| {}{} | {} | {} | {} | {} | {} | {} | {} | {} | {} |'
+                 .format(r['id'], ' *' if r['tuned'] else '', r['model'],
+                         r['gpus'], _tok(r['measured_tok_s_gpu']),
+                         _tok(r['recipe_tok_s_gpu']),
+                         _tok(r['best_tok_s_gpu']),
+                         _fmt(r['ratio_measured']), _fmt(r['ratio_recipe']),
+                         r['recipe'], r['best']))
+  s = summary(frame)
+  lines.append('')
+  for key, name in (('tuned', 'Tuned recipes (*)'), ('other', 'Other rows'),
+                    ('all', 'All rows')):
+    t = s[key]
+    if not t['searched']:
+      continue
+    lines.append(
+      f"- {name}: {t['searched']} of {t['rows']} searched; best / measured "
+      f"median {_fmt(t['median_ratio_measured'])}, max "
+      f"{_fmt(t['max_ratio_measured'])}, {len(t['above_flag'])} above "
+      f"{FLAG_RATIO:.2f}, {len(t['above_limit'])} above {LIMIT_RATIO:.2f}; "
+      f"best / recipe median {_fmt(t['median_ratio_recipe'])}.")
+  return '\n'.join(lines) + '\n'
