@@ -149,5 +149,7 @@ def mask(preset, columns, app):
   """Bool array: executions meeting every constraint of ``preset``."""
   ok = np.True_
   for con in preset.constraints:
-    ok = ok & ~np.asarray(con.bad(columns, app))
+    bad = np.asarray(con.bad(columns, app))
+    if np.any(bad):     # one no execution breaks keeps the mask small
+      ok = ok & ~bad
   return ok

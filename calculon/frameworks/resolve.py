@@ -181,7 +181,11 @@ def option_mask(preset, app, cols, names=None):
     absent = registry.field('execution', name).absent
     if absent is not registry.REQUIRED:
       good = good | (~taken & (col == code_of(name, absent)))
-    ok = ok & good
+    # An option every value of the grid meets adds nothing: skipping it
+    # keeps the mask over the axes that matter (a search's grid spans
+    # many; a broadcast AND of each would build the whole grid).
+    if not np.all(good):
+      ok = ok & good
   return ok
 
 

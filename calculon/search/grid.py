@@ -590,10 +590,18 @@ def count_valid(spec, cols, shape):
 
 
 def valid_count(spec, group):
-  """Executions of a group the search enumerates (valid combinations)."""
+  """Executions of a group the search enumerates (valid combinations);
+  counted once per spec and group (the command's progress total and the
+  driver's both read it)."""
   if group.size == 0:
     return 0
-  return count_valid(spec, columns(spec, Chunk(group, ())), group.shape)
+  cache = spec.__dict__.setdefault('_valid_counts', {})
+  key = (group.index, group.tp, group.pp, group.dp, group.cp,
+         group.batch_size, group.shape)
+  if key not in cache:
+    cache[key] = count_valid(spec, columns(spec, Chunk(group, ())),
+                             group.shape)
+  return cache[key]
 
 
 def count_space(spec):
