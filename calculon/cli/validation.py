@@ -160,13 +160,8 @@ def _published(args, log, base_dir, say):
   frame = published.results_frame(results)
   log.info(published.format_report(frame, verbose=args.verbose))
   if args.out:
-    outputs.ensure_dir(args.out)
-    path = os.path.join(args.out, 'published_runs_results.csv')
-    outputs.write_text(path, frame.to_csv(index=False))
-    import json
-    outputs.write_text(os.path.join(args.out, 'published_summary.json'),
-                       json.dumps(published.summary(frame), indent=2) + '\n')
-    say(f'wrote {path} and published_summary.json')
+    _write_tables(args.out, say, frame, 'published_runs_results.csv',
+                  published.summary(frame), 'published_summary.json')
   if args.plot:
     from calculon.plots.validation import published_plots
     for path in published_plots(frame, args.plot):
@@ -177,7 +172,6 @@ def _published(args, log, base_dir, say):
 
 
 def _search(args, log, suite, results, say, systems=None):
-  import json
   import time
   from calculon.parallel import default_workers
   from calculon.validation import search_check
@@ -189,18 +183,27 @@ def _search(args, log, suite, results, say, systems=None):
   log.info(search_check.format_report(frame, args.tuned))
   log.info(f'(search: {time.perf_counter() - start:.0f} s)')
   if args.out:
-    path = os.path.join(args.out, 'search_check.csv')
-    outputs.write_text(path, frame.to_csv(index=False))
-    outputs.write_text(os.path.join(args.out, 'search_check_summary.json'),
-                       json.dumps(search_check.summary(frame), indent=2)
-                       + '\n')
-    outputs.write_text(os.path.join(args.out, 'search_check.md'),
-                       search_check.markdown(frame))
-    say(f'wrote {path}, search_check_summary.json and search_check.md')
+    _write_tables(args.out, say, frame, 'search_check.csv',
+                  search_check.summary(frame), 'search_check_summary.json',
+                  {'search_check.md': search_check.markdown(frame)})
   if args.plot:
     from calculon.plots.validation import search_check_plot
     log.info('wrote ' + search_check_plot(
       frame, os.path.join(args.plot, 'search_check.png')))
+
+
+def _write_tables(out_dir, say, frame, csv_name, summary, json_name,
+                  extra=None):
+  """Writes ``frame`` as ``csv_name``, ``summary`` as ``json_name`` and
+  each ``extra`` {file name: text} in ``out_dir`` (created), atomically."""
+  import json
+  outputs.ensure_dir(out_dir)
+  files = {csv_name: frame.to_csv(index=False),
+           json_name: json.dumps(summary, indent=2) + '\n'}
+  files.update(extra or {})
+  for name, text in files.items():
+    outputs.write_text(os.path.join(out_dir, name), text)
+  say(f"wrote {', '.join(os.path.join(out_dir, n) for n in files)}")
 
 
 def run(args, log):
@@ -263,13 +266,8 @@ def _whole_runs(args, log, base_dir, say):
   frame = whole_runs.results_frame(results)
   log.info(whole_runs.format_report(frame, verbose=args.verbose))
   if args.out:
-    outputs.ensure_dir(args.out)
-    path = os.path.join(args.out, 'whole_runs_results.csv')
-    outputs.write_text(path, frame.to_csv(index=False))
-    import json
-    outputs.write_text(os.path.join(args.out, 'whole_runs_summary.json'),
-                       json.dumps(whole_runs.summary(frame), indent=2) + '\n')
-    say(f'wrote {path} and whole_runs_summary.json')
+    _write_tables(args.out, say, frame, 'whole_runs_results.csv',
+                  whole_runs.summary(frame), 'whole_runs_summary.json')
   if args.plot:
     for path in whole_runs.plot(frame, args.plot):
       log.info(f'wrote {path}')
