@@ -255,3 +255,32 @@ def test_cli_search_bad_input_is_one_line_exit_2(runs):
     assert res.returncode == 2, (args, res.stdout, res.stderr)
     lines = [x for x in res.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and 'Traceback' not in res.stderr, res.stderr
+
+
+def test_search_runs_on_the_systems_the_recipes_were_priced_on(suite):
+  """``--calibrated``: the search prices on the same replacement system
+  file as the recipe (a cluster's calibrated file), not the bundled one:
+  the row's H100 with its matrix engine at half its peak searches to a
+  slower best."""
+  case = suite.cases[0]
+  cluster = case.cluster or case.system_name
+  slow = copy.deepcopy(suite.system_json(case))
+  for curve in slow['matrix'].values():
+    curve['tflops'] = curve['tflops'] / 2
+  plain = SC.search_case(suite, case)
+  halved = SC.search_case(suite, case, systems={cluster: slow})
+  assert plain['status'] == halved['status'] == 'ok'
+  assert halved['rate'] < 0.75 * plain['rate']
+  assert SC.search_key(suite, case) != SC.search_key(
+    suite, case, {cluster: slow})
+
+
+def test_markdown_table_lists_tuned_rows_first(frame):
+  text = SC.markdown(frame)
+  lines = text.splitlines()
+  assert lines[0].startswith('| run | model | GPUs | measured |')
+  assert lines[2].split('|')[1].strip().endswith('*')   # the tuned row
+  assert sum(1 for x in lines if x.startswith('| ')) == 1 + int(
+    (frame['status'] == 'ok').sum())
+  assert any(x.startswith('- Tuned recipes (*): 1 of 1 searched')
+             for x in lines)
