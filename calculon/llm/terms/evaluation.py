@@ -93,7 +93,11 @@ class Evaluation(*PARTS):
       names = getattr(concern, kind)
       if names and concern.applies(self):
         for name in names:
-          total = total + getattr(self, name)
+          term = getattr(self, name)
+          # A scalar 0 adds nothing (and would cost a pass over the grid).
+          if np.ndim(term) == 0 and term == 0:
+            continue
+          total = total + term
     return total
 
   @cached_property
@@ -115,6 +119,8 @@ class Evaluation(*PARTS):
     extra = self._sum_terms('block_bw')
     if np.ndim(extra) == 0 and extra == 0.0:
       return 0.0
+    if np.ndim(self.training) == 0 and self.training:
+      return extra
     return np.where(self.training, extra, 0)
 
   @cached_property
