@@ -442,6 +442,23 @@ def by_source(frame, column='delta_pct'):
   return pd.DataFrame.from_dict(rows, orient='index')
 
 
+def assumption_lines(ok, label='', flag=None):
+  """Report lines 'Assumptions and approximations:' with, per row of
+  ``ok`` (a results frame), its id, ``label`` and assumptions, its
+  approximations when any, and its ``reason`` where column ``flag`` is
+  true (None: never).  Shared by the published and whole-runs
+  reports."""
+  lines = ['', 'Assumptions and approximations:']
+  for _, r in ok.iterrows():
+    pad = ' ' * len(r['id'])
+    lines.append(f"  {r['id']}: {label}{r['assumptions'] or '-'}")
+    if r['approximations']:
+      lines.append(f"  {pad}  approximations: {r['approximations']}")
+    if flag is not None and r[flag]:
+      lines.append(f"  {pad}  {r['reason']}")
+  return lines
+
+
 def format_report(frame, verbose=False, cases=None):
   """Readable text: the conversions, the table of priced rows (with the
   range of the unknowns), the summary, per source, and the rows not priced
@@ -472,14 +489,7 @@ def format_report(frame, verbose=False, cases=None):
               'slowest one the unknown settings allow):',
               show.to_string(index=False)]
     if verbose:
-      lines += ['', 'Assumptions and approximations:']
-      for _, r in ok.iterrows():
-        lines.append(f"  {r['id']}: assumptions: {r['assumptions'] or '-'}")
-        if r['approximations']:
-          lines.append(f"  {' ' * len(r['id'])}  approximations: "
-                       f"{r['approximations']}")
-        if r['over_memory']:
-          lines.append(f"  {' ' * len(r['id'])}  {r['reason']}")
+      lines += assumption_lines(ok, 'assumptions: ', 'over_memory')
   s = summary(frame)
   lines += ['', f"Summary: {s['predicted']} of {s['rows']} rows predicted, "
             f"{s['infeasible']} infeasible, {s['not_priced']} not priced"

@@ -631,12 +631,8 @@ def format_report(frame, verbose=False):
                 'goodput:',
                 show.to_string(index=False)]
     if verbose:
-      lines += ['', 'Assumptions and approximations:']
-      for _, r in ok.iterrows():
-        lines.append(f"  {r['id']}: {r['assumptions'] or '-'}")
-        if r['approximations']:
-          lines.append(f"  {' ' * len(r['id'])}  approximations: "
-                       f"{r['approximations']}")
+      from calculon.validation.published import assumption_lines
+      lines += assumption_lines(ok)
   s = summary(frame)
   lines += ['', f"Summary: {s['priced']} of {s['rows']} rows priced, "
             f"{s['infeasible']} infeasible, {s['not_priced']} not priced"]
