@@ -498,3 +498,38 @@ def test_execution_record_is_accepted_and_prices_as_searched(
       if checked >= 5:
         return
   assert checked, 'no execution with ' + repr(want)
+
+
+def test_search_choices_restrict_the_axes():
+  """choices: only the listed values of an axis are searched (the
+  published conventions' era rules), so the best rate cannot rise and
+  every record takes a listed value; pruning stays exact; a field that is
+  not an axis, an empty list or an unknown value is a one-line error."""
+  from calculon.errors import ConfigError
+  spec = dict(app=Application.from_dict(MODERN_APP),
+              system=System(_modern_system()), num_procs=4, max_batch_size=4,
+              datatype='float16', space='modern')
+  choices = {'activation_recompute': ['none', 'full'],
+             'attention_kernel': ['standard']}
+  base = S.optimal_executions(S.SearchSpec(prune=True, **spec), 5)
+  full = S.optimal_executions(S.SearchSpec(prune=False, choices=choices,
+                                           **spec), 5)
+  pruned = S.optimal_executions(S.SearchSpec(prune=True, choices=choices,
+                                             **spec), 5)
+  assert pruned.best == full.best
+  assert full.best[0][0] <= base.best[0][0]
+  search = S.SearchSpec(prune=True, choices=choices, **spec)
+  seen = set()
+  for rec in _records_per_value(search, 'activation_recompute'):
+    exe = resolved(search, rec)
+    seen.add(exe.activation_recompute)
+    assert exe.attention_kernel == 'standard'
+  assert seen == {'none', 'full'}
+  for bad, match in (({'cross_entropy_kernel': ['unfused']},
+                      "choice 'cross_entropy_kernel' is not allowed"),
+                     ({'activation_recompute': []},
+                      "choice 'activation_recompute' is not allowed"),
+                     ({'attention_kernel': ['magic']},
+                      "choice 'attention_kernel' = \\['magic'\\] is not")):
+    with pytest.raises(ConfigError, match=match):
+      S.SearchSpec(choices=bad, **spec)

@@ -23,7 +23,11 @@ Suites (``--suite``):
 * ``whole-runs`` -- complete pretraining runs (default: the bundled
   validation/whole_runs.csv; ``--runs`` one CSV in its columns):
   predicted vs published GPU-hours, days and energy
-  (:mod:`calculon.validation.whole_runs`); exit status 0.
+  (:mod:`calculon.validation.whole_runs`); exit status 0.  Rows are priced
+  on the bundled default files (calibrated where a calibration exists, as
+  ``calculon plan`` uses them; the calibration is fitted on published
+  step rows, none of them a whole run); ``--datasheet`` on the datasheet
+  files.
 * ``all`` -- the three (``--runs`` then applies to the published suite).
 
 ``--plot DIR`` writes PNG charts, ``--out DIR`` the tables as CSV (and the
@@ -73,11 +77,18 @@ def add_parsers(sp):
                  help='published suite: price every row under this framework '
                  "preset instead of its source's (calculon frameworks lists "
                  'them)')
-  p.add_argument('--calibrated', action='store_true',
-                 help='price each row on systems/CLUSTER.json where that '
-                 'is a calibrated file (see calculon calibrate); without '
-                 'it, on the datasheet files (systems/X_datasheet.json '
-                 'where one exists)')
+  which = p.add_mutually_exclusive_group()
+  which.add_argument('--calibrated', action='store_true',
+                     help='price each row on systems/CLUSTER.json where '
+                     'that is a calibrated file (see calculon calibrate); '
+                     'without it the published suite prices on the '
+                     'datasheet files (systems/X_datasheet.json where one '
+                     'exists), whose runs the calibration is fitted on, '
+                     'and the whole-runs suite on the bundled default '
+                     'files (calibrated where a calibration exists, as '
+                     'calculon plan uses them; fitted on none of its rows)')
+  which.add_argument('--datasheet', action='store_true',
+                     help='price every suite on the datasheet files')
   p.add_argument('--search', action='store_true',
                  help="published suite: also search each row's framework "
                  "preset at the row's GPUs, global batch, sequence and "
@@ -256,10 +267,15 @@ def _whole_runs(args, log, base_dir, say):
                         field='--runs', value=args.runs)
     path = args.runs[0]
   suite = whole_runs.Suite(base_dir, path, args.conventions)
-  if args.calibrated:
+  if not getattr(args, 'datasheet', False):
+    # The default files: calibrated on the published suite's rows, none of
+    # which is a whole run.
     suite.systems = calibrated_systems(base_dir, suite)
-    log.info('Calibrated systems: ' + (', '.join(
+    log.info('Calibrated systems (the defaults): ' + (', '.join(
       f'systems/{k}.json' for k in suite.systems) or 'none found'))
+  else:
+    log.info('Datasheet systems (systems/X_datasheet.json where one '
+             'exists)')
   from calculon.parallel import default_workers
   results = whole_runs.run_suite(suite, progress=say,
                                  workers=default_workers())

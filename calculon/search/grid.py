@@ -134,6 +134,10 @@ class SearchSpec:
     prune: skip chunks whose best possible sample rate is below the n-th
       best found so far (exact, see :mod:`calculon.search.bound`; modern
       space only).
+    choices: {axis: [values]}: only these values of an axis the search
+      varies (JSON values: names, booleans or numbers), within what the
+      preset allows (modern space only; the published conventions' rules
+      that list values, e.g. an era's recomputations).
 
   Raises (on construction):
     ConfigError: an unknown framework, a bad field value, or ``space``
@@ -158,10 +162,12 @@ class SearchSpec:
   limits: dict = field(default_factory=dict)
   no_offload: bool = False
   fields: dict = field(default_factory=dict)
+  choices: dict = field(default_factory=dict)
 
   def __post_init__(self):
     from calculon import frameworks
     from calculon.errors import ConfigError
+    from calculon.frameworks.resolve import code_of
     if self.space == 'calculon' and self.framework not in (
         None, frameworks.CALCULON):
       raise ConfigError(f"--space calculon is not allowed with framework "
@@ -203,6 +209,25 @@ class SearchSpec:
       else:
         Reader({name: value}, '<search>').get(name, OPTIONAL_SPECS[name][0])
       self.overrides[name] = value
+    if self.choices and not self.modern:
+      raise ConfigError("<search>: choices are not allowed in Calculon's "
+                        'space (the calculon preset)', field='choices',
+                        value=sorted(self.choices))
+    for name, allowed in self.choices.items():
+      if name not in self.axes or not isinstance(allowed, (list, tuple)) \
+          or not allowed:
+        raise ConfigError(
+          f"<search>: choice '{name}' is not allowed: a non-empty list of "
+          'values of an axis the search varies (' + ', '.join(self.axes)
+          + ')', field=name, value=allowed)
+      try:
+        for value in allowed:
+          code_of(name, value)
+      except ValueError:
+        raise ConfigError(f"<search>: choice '{name}' = {allowed!r} is not "
+                          'allowed: values of the field (see '
+                          'docs/reference/executions.md)', field=name,
+                          value=allowed) from None
     if self.recompute_modules is not None:
       self.overrides['recompute_modules'] = recompute_modules_label(
         self.recompute_modules, source='<search>', field='recompute_modules')
@@ -419,8 +444,17 @@ def _modern_groups(spec):
           values['moe_comm_overlap'] = _preset_values(
             spec, 'moe_comm_overlap', list(range(len(MOE_OVERLAP_NAMES))))
           values['expert_par_net'] = nets
+        _apply_choices(spec, values)
         out.append(Group(len(out), tp, pp, dp, batch, values, cp, spec.axes))
   return out
+
+
+def _apply_choices(spec, values):
+  """Restricts a group's axis values to :attr:`SearchSpec.choices`."""
+  from calculon.frameworks.resolve import code_of
+  for name, allowed in spec.choices.items():
+    keep = {code_of(name, v) for v in allowed}
+    values[name] = [v for v in values[name] if v in keep]
 
 
 def groups(spec):

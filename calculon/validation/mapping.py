@@ -801,31 +801,11 @@ class Mapper:
     })
     # The framework: its preset fills every field the row and the rules
     # leave out (resolved per candidate, :func:`candidate_columns`).
-    if self.framework is not None:
-      fixed['framework'] = self.framework
-      why = 'the --framework option'
-    elif 'framework' in settings:
-      value, why = settings['framework']
-      fixed['framework'] = value[0] if isinstance(value, list) else value
-    else:
-      fixed['framework'] = self.conv.defaults.get('framework', 'common')
-      why = 'no rule names the framework of the source: the conventions ' \
-        'default'
+    fixed['framework'], why = self._framework(settings)
     case.assume('framework', fixed['framework'], why)
-    # Other execution fields a rule fixes (never searched): a value the
-    # row's columns fixed wins (the dtype column's scaling); the MoE ones
-    # only for MoE; the pipeline split only with PP.
-    for key, (value, why) in settings.items():
-      if key not in OPTIONAL_SPECS or key in AXES or \
-          key in ('expert_tensor_par',) or (
-            key in fixed and key in _DATATYPE_TABLE_FIELDS):
-        continue
-      if key.startswith(('moe_', 'expert_')) and not app.get('num_experts'):
-        continue
-      if key == 'pipeline_split_counts_vocab' and pp == 1:
-        continue
-      fixed[key] = value[0] if isinstance(value, list) else value
-      case.assume(key, fixed[key], why)
+    for key, (value, why) in self._rule_fields(case, settings, pp).items():
+      fixed[key] = value
+      case.assume(key, value, why)
     if 'attention_implementation' in settings:
       value, why = settings['attention_implementation']
       kernel = value[0] if isinstance(value, list) else value
@@ -847,6 +827,72 @@ class Mapper:
       case.approximations.append('FLOP conversion of the measured figure '
                                  'approximate')
     self._axes(case, settings, tp, pp, dp, cp, batch)
+
+  def _framework(self, settings):
+    """The framework preset of a row: (name, why)."""
+    if self.framework is not None:
+      return self.framework, 'the --framework option'
+    if 'framework' in settings:
+      value, why = settings['framework']
+      return (value[0] if isinstance(value, list) else value), why
+    return (self.conv.defaults.get('framework', 'common'),
+            'no rule names the framework of the source: the conventions '
+            'default')
+
+  def _rule_fields(self, case, settings, pp):
+    """Execution fields other than the axes a rule fixes (never searched):
+    field -> (value, why).  A value the row's columns fixed wins (the dtype
+    column's scaling); the MoE ones only for MoE; the pipeline split only
+    with PP (``pp`` None: not known, left out)."""
+    out = {}
+    for key, (value, why) in settings.items():
+      if key not in OPTIONAL_SPECS or key in AXES or \
+          key in ('expert_tensor_par',) or (
+            key in case.fixed and key in _DATATYPE_TABLE_FIELDS):
+        continue
+      if key.startswith(('moe_', 'expert_')) and not case.app.get(
+          'num_experts'):
+        continue
+      if key == 'pipeline_split_counts_vocab' and (pp or 1) == 1:
+        continue
+      out[key] = (value[0] if isinstance(value, list) else value, why)
+    return out
+
+  def search_settings(self, case, axes):
+    """What the conventions say of a row whose layout a search chooses
+    (the whole-runs suite's rows that state no TP and PP): the framework
+    and the rules' settings, as the published suite applies them to a
+    stated layout.
+
+    Args:
+      case: a :class:`Case` built from the row (``case.app`` set).
+      axes: the names of the axes the search varies.
+
+    Returns:
+      (framework, fields, choices): the preset's name; {field: value} the
+      rules fix; {axis: [values]} the rules restrict the search to.  Each
+      is recorded in ``case.assumptions``.
+    """
+    settings = self._settings(case)
+    framework, why = self._framework(settings)
+    case.assume('framework', framework, why)
+    fields = {}
+    for key, (value, why) in self._rule_fields(case, settings, None).items():
+      if key in axes:
+        continue
+      fields[key] = value
+      case.assume(key, value, why)
+    choices = {}
+    for key, (value, why) in settings.items():
+      if key not in axes:
+        continue
+      if key.startswith(('moe_', 'expert_')) and not case.app.get(
+          'num_experts'):
+        continue
+      choices[key] = list(value) if isinstance(value, list) else [value]
+      case.assume(key, choices[key] if len(choices[key]) > 1
+                  else choices[key][0], why)
+    return framework, fields, choices
 
   def _axes(self, case, settings, tp, pp, dp, cp, batch):
     row, app, axes = case.row, case.app, case.axes

@@ -29,6 +29,7 @@ total with the nodes' other parts is reported beside it.
 """
 
 from dataclasses import dataclass, field
+import json
 import math
 import os
 import re
@@ -447,13 +448,17 @@ def _searched(suite, case, out, tokens, workers):
   system = suite.system(case)
   app = _application(case)
   datatype = case.fixed['datatype']
-  framework = case.fixed.get('framework')
+  axes = S.MOE_AXES if app.is_moe else S.MODERN_AXES
+  before = len(case.assumptions)
+  framework, fields, choices = suite.mapper.search_settings(case, axes)
+  out.assumptions += case.assumptions[before:]
+  case.fixed['framework'] = framework
   out.assumptions.append(('layout', 'searched', 'the row states no TP/PP: '
                           'every layout of the framework preset\'s space ('
-                          f"{framework or 'the default'}), the fastest "
-                          'step'))
+                          f'{framework}) within the rules above, the '
+                          'fastest step'))
   spec = S.SearchSpec(app, system, out.gpus, out.batch, datatype,
-                      framework=framework)
+                      framework=framework, fields=fields, choices=choices)
   inputs = _inputs(system, tokens, case, out)
   result = O.rank(spec, 'throughput', 1, workers, inputs=inputs,
                   exact_batch=out.batch)
@@ -487,7 +492,8 @@ def _error(pred, pub):
 def results_frame(results):
   """One row per run: id, model, GPUs, system, layout, tokens, step time,
   MFU, goodput, predicted and published GPU-hours, days and energy with
-  their errors, status, assumptions, approximations, reason."""
+  their errors, status, the execution priced (JSON), assumptions,
+  approximations, reason."""
   import pandas as pd
   rows = []
   for r in results:
@@ -536,6 +542,7 @@ def results_frame(results):
       'rate_wall_days': rate_days,
       'err_rate_wall_days_pct': _error(rate_days, pub['wall_days']),
       'status': r.status,
+      'execution': json.dumps(exe, sort_keys=True) if exe else '',
       'assumptions': '; '.join(f'{k}={v} ({why})'
                                for k, v, why in r.assumptions),
       'approximations': '; '.join(r.approximations),
