@@ -949,8 +949,35 @@ def test_unfused_cross_entropy_hand_count():
   assert value(ce.fw_mem_bytes()) == 32 * logits
   assert value(ce.agrad_mem_bytes()) == 8 * logits
   with pytest.raises(ConfigError, match='cross_entropy_kernel.* = "apex" '
-                     'is not allowed: one of "fused", "unfused"'):
+                     'is not allowed: one of "fused", "unfused", "compiled"'):
     Execution.from_dict(dict(BASE_EXE, cross_entropy_kernel='apex'))
+
+
+def test_compiled_cross_entropy_keeps_sixteen_bit_logits():
+  """cross_entropy_kernel 'compiled' (torchtitan since bbb1b616e:
+  torch.compile of cross_entropy on float32-cast logits): Inductor keeps
+  the 16-bit logits and writes a 16-bit gradient, the LM head's output
+  gradient.  Llama 3 8B, 8,192 tokens x 128,256 logits: the head keeps
+  one 16-bit logits tensor (no working copy) where the eager loss keeps a
+  float32 softmax twice (working and stored), and the loss's own gradient
+  is the LM head's; traffic 4 bytes per logit each way."""
+  common = dict(data_par=8, batch_size=8, datatype='bfloat16',
+                data_par_sharding='optimizer')
+  unfused = evaluation(llama(), system=H100_SXM,
+                       cross_entropy_kernel='unfused', **common)
+  compiled = evaluation(llama(), system=H100_SXM,
+                        cross_entropy_kernel='compiled', **common)
+  logits = 8192 * 128256
+  ce = [x for x in compiled.head_layers if x.name == 'Head_CrossEntropy'][0]
+  assert value(ce.activation_bytes()) == 2 * logits
+  assert value(ce.activation_grad_bytes()) == 0
+  assert value(ce.fw_mem_bytes()) == 4 * logits
+  assert value(ce.agrad_mem_bytes()) == 4 * logits
+  saved = value(unfused.head_activation_bytes -
+                compiled.head_activation_bytes)
+  assert saved == 2 * 4 * logits - 2 * logits
+  grads = value(unfused.head.act_grad_bytes - compiled.head.act_grad_bytes)
+  assert grads == 2 * logits
 
 
 def test_fsdp_buffer_copies_need_fsdp():

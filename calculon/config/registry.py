@@ -43,7 +43,7 @@ SHARDING_NAMES = ('none', 'optimizer', 'gradients', 'parameters')
 ATTENTION_KERNEL_NAMES = ('standard', 'flash')
 PRECISION_RECIPE_NAMES = ('uniform', 'transformer_engine')
 SCALING_NAMES = ('delayed', 'current', 'block')
-CROSS_ENTROPY_NAMES = ('fused', 'unfused')
+CROSS_ENTROPY_NAMES = ('fused', 'unfused', 'compiled')
 DISPATCHER_NAMES = ('alltoall', 'allgather', 'deepep')
 MOE_OVERLAP_NAMES = ('none', 'shared_experts', 'compute')
 CHECKPOINT_LAYOUT_NAMES = ('whole', 'as_input')
@@ -393,10 +393,16 @@ EXECUTION = (
                  "the copies are FSDP's")),
   _beh('cross_entropy_kernel', _choice(CROSS_ENTROPY_NAMES), 'kernels',
        "the loss: 'fused' one kernel on the 16-bit logits; 'unfused' "
-       'float32 logits and separate element-wise kernels',
+       "float32 logits and separate element-wise kernels; 'compiled' "
+       'torch.compile of cross_entropy on float32-cast logits (Inductor '
+       'keeps the 16-bit logits and per-row max and logsumexp, writes a '
+       '16-bit gradient)',
        names=CROSS_ENTROPY_NAMES, absent='fused', absent_doc="'fused'",
        source='Megatron-Core --cross-entropy-loss-fusion; Megatron-LM '
-       'vocab_parallel_cross_entropy; PyTorch cross_entropy'),
+       'vocab_parallel_cross_entropy; PyTorch cross_entropy; torchtitan '
+       'torchtitan/components/loss.py build_cross_entropy_loss (since '
+       'bbb1b616e, 2025-04-02: torch.compile(loss_fn) with '
+       'training.compile)'),
   _beh('fused_activation_keeps_input', _BOOL, 'kernels',
        'a fused MLP activation (GeLU, SwiGLU) keeps its input for the '
        'backward pass', absent=False,

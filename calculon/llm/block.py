@@ -11,8 +11,8 @@ order, into per-block, per-microbatch totals.
 import numpy as np
 
 from calculon.config.execution import (
-  CROSS_ENTROPY_UNFUSED, RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_MODULES,
-  RECOMPUTE_SELECTIVE, TP_OVERLAP_NONE)
+  CROSS_ENTROPY_COMPILED, CROSS_ENTROPY_UNFUSED, RECOMPUTE_ATTN_ONLY,
+  RECOMPUTE_FULL, RECOMPUTE_MODULES, RECOMPUTE_SELECTIVE, TP_OVERLAP_NONE)
 from calculon.llm.layers import (
   and_flags as _and, flag, negate, where, BatchMatMul, CrossEntropy,
   DropOut, ElementWise, EmbeddingLookup, FlashAttention, Fork, GeLU,
@@ -540,9 +540,13 @@ def build_head(app, exe, ctx, holds_weights=True):
       setattr(head, attr, where(holds_weights, getattr(head, attr), 0))
   head.core = False
   layers.append(head)
-  unfused = np.asarray(exe.cross_entropy_kernel) == CROSS_ENTROPY_UNFUSED
+  kernel = np.asarray(exe.cross_entropy_kernel)
+  unfused = kernel == CROSS_ENTROPY_UNFUSED
+  compiled = kernel == CROSS_ENTROPY_COMPILED
+  compiled = compiled if np.any(compiled) else False
   add(CrossEntropy, 'Head_CrossEntropy', shape.batch_seq * vocab_local,
-      unfused=unfused if np.any(unfused) else False)
+      unfused=unfused if np.any(unfused) else False, compiled=compiled,
+      activation_reused=compiled)
   return layers
 
 

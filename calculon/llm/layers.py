@@ -1260,16 +1260,45 @@ class CrossEntropy(Layer):
   cast back to the logits' datatype (4 + b): 12 + b.  PyTorch's
   ``cross_entropy`` on fp32 logits (torchtitan) moves about as much (48
   bytes at b = 2, against 52).  Float32 logits skip the casts.
+
+  ``compiled`` True (torchtitan since bbb1b616e, 2025-04-02,
+  torchtitan/components/loss.py build_cross_entropy_loss: with
+  training.compile, ``torch.compile(cross_entropy_loss)`` of
+  ``cross_entropy(pred.flatten(0, 1).float(), labels)``; at 9dec370 the
+  compile was commented out in train.py): Inductor fuses the cast, the
+  softmax and its backward.  Its forward graph saves for the backward pass
+  the 16-bit logits themselves (the layer's input, no copy) and per-row max
+  and logsumexp, and allocates no logits-sized buffer; the backward writes
+  one 16-bit gradient (checked with PyTorch 2.13's Inductor on CPU: the
+  saved tensors by ``torch.autograd.graph.saved_tensors_hooks``, the
+  buffers in the generated code; eager saves two float32 logits-sized
+  tensors).  So the layer keeps b bytes per logit, which are the LM head's
+  output and no working copy (``activation_reused``, set by
+  :func:`~calculon.llm.block.build_head`), and the gradient it writes is
+  the LM head's output gradient, counted by that layer (none of its own).
+  Traffic: forward the logits read by the two row reductions (2b),
+  backward read once and the gradient written (2b).
   """
 
-  def __init__(self, name, ctx, size, unfused=False, **flags):
+  def __init__(self, name, ctx, size, unfused=False, compiled=False,
+               **flags):
     super().__init__(name, ctx, fw_flops=5 * size, agrad_flops=2 * size,
                      inputs=size, outputs=size, activation=size,
                      activation_grads=size, **flags)
     self.unfused = unfused
+    self.compiled = compiled
 
   def activation_bytes(self):
-    return self.activation * FP32_BYTES
+    fp32 = self.activation * FP32_BYTES
+    if _is_zero(self.compiled):
+      return fp32
+    return where(self.compiled, self.activation * self.bpe, fp32)
+
+  def activation_grad_bytes(self):
+    own = super().activation_grad_bytes()
+    if _is_zero(self.compiled):
+      return own
+    return where(self.compiled, 0.0, own)
 
   def _cast_bytes(self):
     """Bytes per logit of one cast between the logits' datatype and fp32
@@ -1278,6 +1307,8 @@ class CrossEntropy(Layer):
 
   def fw_mem_bytes(self):
     fused = super().fw_mem_bytes()
+    if not _is_zero(self.compiled):
+      fused = where(self.compiled, self.inputs * 2.0 * self.bpe, fused)
     if _is_zero(self.unfused):
       return fused
     return where(self.unfused, self.inputs * (
@@ -1285,6 +1316,8 @@ class CrossEntropy(Layer):
 
   def agrad_mem_bytes(self):
     fused = self.inputs * FP32_BYTES + self.outputs * self.bpe
+    if not _is_zero(self.compiled):
+      fused = where(self.compiled, self.inputs * 2.0 * self.bpe, fused)
     if _is_zero(self.unfused):
       return fused
     return where(self.unfused, self.inputs * (
