@@ -123,6 +123,48 @@ def test_strict_presets_refuse_what_their_framework_lacks():
     EXE, data_par_sharding='gradients', framework='calculon')))
 
 
+def test_expert_overlap_needs_interleaving_and_no_full_recompute():
+  """Megatron-Core's 1F1B expert all-to-all overlap
+  (--overlap-moe-expert-parallel-comm, moe_comm_overlap 'compute') needs
+  the interleaved schedule when PP > 1 and no full recomputation
+  (Megatron-Bridge training/comm_overlap.py at aae82005904,
+  megatron/core/transformer/transformer_config.py): refused in a single
+  run, and never enumerated by the search."""
+  from calculon.config.execution import MOE_OVERLAP_COMPUTE, RECOMPUTE_FULL
+  from calculon.search.grid import Chunk, columns, valid_mask
+  app = Application.from_dict(load_json(repo('models', 'mixtral-8x7B.json')))
+  moe = dict(EXE, expert_par=4, moe_dispatcher='alltoall',
+             moe_comm_overlap='compute')
+  resolve_execution(app, Execution.from_dict(moe))              # VP 2
+  resolve_execution(app, Execution.from_dict(dict(
+    moe, pipeline_par=1, data_par=8, pipeline_interleaving=1)))  # PP 1
+  for name in ('megatron-core', 'megatron-core-2025', 'megatron-core-2024'):
+    with pytest.raises(ConfigError, match="'moe_comm_overlap' is not "
+                       'allowed .* needs pipeline_interleaving > 1'):
+      resolve_execution(app, Execution.from_dict(dict(
+        moe, pipeline_interleaving=1, framework=name)))
+  with pytest.raises(ConfigError, match='without full recomputation'):
+    resolve_execution(app, Execution.from_dict(dict(
+      moe, activation_recompute='full', seq_par_ag_redo=False)))
+  system = System(load_json(H100))
+  spec = SearchSpec(app, system, 16, 64, 'bfloat16',
+                    limits={'pp': ((2, 2),), 'tp': ((1, 1),)})
+  seen = 0
+  for g in groups(spec):
+    cols = columns(spec, Chunk(g, ()))
+    ok = np.broadcast_to(valid_mask(cols, spec), g.shape)
+    shape = ok.shape
+    compute = np.broadcast_to(cols.moe_comm_overlap == MOE_OVERLAP_COMPUTE,
+                              shape)
+    vp1 = np.broadcast_to(cols.pipeline_interleaving <= 1, shape)
+    full = np.broadcast_to(cols.activation_recompute == RECOMPUTE_FULL,
+                           shape)
+    seen += int(np.sum(ok & compute))
+    assert not np.any(ok & compute & vp1)
+    assert not np.any(ok & compute & full)
+  assert seen     # the overlap stays searched with interleaving
+
+
 def test_frameworks_command():
   res = run_cli('frameworks')
   assert res.returncode == 0, res.stderr

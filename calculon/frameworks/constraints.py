@@ -38,6 +38,18 @@ def _interleaved_min_blocks_per_stage(c, app, value):
     blocks // np.maximum(c.pipeline_interleaving, 1) < value)
 
 
+def _expert_overlap_needs_interleaving(c, app, value):
+  from calculon.config.execution import MOE_OVERLAP_COMPUTE
+  return (np.asarray(c.moe_comm_overlap) == MOE_OVERLAP_COMPUTE) & (
+    c.pipeline_par > 1) & (c.pipeline_interleaving <= 1)
+
+
+def _expert_overlap_without_full_recompute(c, app, value):
+  from calculon.config.execution import MOE_OVERLAP_COMPUTE, RECOMPUTE_FULL
+  return (np.asarray(c.moe_comm_overlap) == MOE_OVERLAP_COMPUTE) & (
+    c.activation_recompute == RECOMPUTE_FULL)
+
+
 def _activation_offload_without_pp_or_recompute(c, app, value):
   from calculon.config.execution import RECOMPUTE_NONE
   return np.asarray(c.activations_offload, dtype=bool) & (
@@ -82,6 +94,13 @@ KINDS = {
   'weight_offload_needs_parameter_sharding': (
     _weight_offload_needs_parameter_sharding,
     'weights offload only with data_par_sharding "parameters"', False),
+  'expert_overlap_needs_interleaving': (
+    _expert_overlap_needs_interleaving,
+    'moe_comm_overlap "compute" with pipeline_par > 1 needs '
+    'pipeline_interleaving > 1', False),
+  'expert_overlap_without_full_recompute': (
+    _expert_overlap_without_full_recompute,
+    'moe_comm_overlap "compute" only without full recomputation', False),
   'interleaved_min_blocks_per_stage': (
     _interleaved_min_blocks_per_stage,
     'with pipeline_interleaving > 1 each virtual stage needs at least '
@@ -134,7 +153,8 @@ def check(preset, columns, app, source='<execution>'):
   for con in preset.constraints:
     bad = np.asarray(con.bad(columns, app))
     if bad.any():
-      field = 'pipeline_interleaving' if 'interleav' in con.check else \
+      field = 'moe_comm_overlap' if con.check.startswith('expert_overlap') \
+        else 'pipeline_interleaving' if 'interleav' in con.check else \
         'activations_offload' if 'activation_offload' in con.check else \
         'weight_offload' if 'weight_offload' in con.check else \
         'microbatch_size'
