@@ -1408,3 +1408,30 @@ def test_fused_adam_traffic_counts_every_pass_of_the_step():
   assert value(evaluation(app, optimizer_traffic='fused_adam', **dist)
                .block.optim_mem_bytes) == pytest.approx(
     value(full.block.optim_mem_bytes) / 8, rel=1e-9)
+
+
+def test_pipeline_warmup_capped_keeps_at_most_every_microbatch():
+  """``pipeline_warmup_capped``: an interleaved schedule's warm-up never
+  runs more forwards than the batch has chunk-microbatches (Megatron-LM
+  megatron/schedules.py dd88906264, min(num_warmup_microbatches,
+  num_microbatches); PyTorch ScheduleInterleaved1F1B get_rank_warmup_ops,
+  min(warmup_ops, n_microbatches * n_local_stages)).  Hand count, PP 4, VP
+  2, 4 microbatches: the first rank's warm-up is (2 - 1) x 4 + 2 x 3 = 10
+  chunk-forwards, capped at 4 x 2 = 8, i.e. all 4 microbatches of its
+  blocks (Calculon: 4 x (1 + 3 / 8) = 5.5).  With 16 microbatches the cap
+  does not bind (5.5 < 16)."""
+  app = llama(num_blocks=32)
+  common = dict(pipeline_par=4, pipeline_interleaving=2, batch_size=4,
+                datatype='bfloat16', activation_recompute='full')
+  calc = evaluation(app, system=H100_SXM, **common)
+  cap = evaluation(app, system=H100_SXM, pipeline_warmup_capped=True,
+                   **common)
+  per_mb = value(calc.blocks_per_proc * calc.block_act_checkpoint_bytes)
+  assert value(calc.act_checkpoint_bytes) == pytest.approx(5.5 * per_mb,
+                                                           rel=1e-12)
+  assert value(cap.act_checkpoint_bytes) == pytest.approx(4 * per_mb,
+                                                          rel=1e-12)
+  many = dict(common, batch_size=16)
+  assert value(evaluation(app, system=H100_SXM, pipeline_warmup_capped=True,
+                          **many).act_checkpoint_bytes) == value(
+    evaluation(app, system=H100_SXM, **many).act_checkpoint_bytes)

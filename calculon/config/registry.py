@@ -430,6 +430,16 @@ EXECUTION = (
        absent_doc='false: every transfer exposed (Calculon)',
        source='Megatron-Core --overlap-p2p-communication '
        '(pipeline_parallel/schedules.py)'),
+  _beh('pipeline_warmup_capped', _BOOL, 'schedule',
+       'with PP > 1 and VP > 1: the warm-up never runs more forwards than '
+       'the batch has chunk-microbatches, so a rank keeps at most every '
+       'microbatch of its blocks', absent=False,
+       absent_doc='false: 1 + (PP - 1) / (VP PP) times min(nmb, PP) '
+       'microbatches in flight, uncapped (Calculon)',
+       source='Megatron-LM megatron/schedules.py dd88906264 (2020): '
+       'min(num_warmup_microbatches, num_microbatches); PyTorch '
+       'torch/distributed/pipelining/schedules.py ScheduleInterleaved1F1B '
+       'get_rank_warmup_ops'),
   _beh('fused_dropout_add', _BOOL, 'kernels',
        'with dropout: the dropout of the attention and MLP outputs runs '
        "inside the residual addition's kernel", absent=False,

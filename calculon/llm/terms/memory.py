@@ -75,11 +75,26 @@ class MemoryTerms:
   def _inflight_factor(self):
     """Microbatches whose activations are kept: min(nmb, PP) for 1F1B, times
     1 + (PP - 1) / (interleaving * PP) for the interleaved schedule
-    (Korthikanti et al. 2022, section 4.2.3)."""
-    mb = np.where(self.num_microbatches < self.pp, self.num_microbatches,
-                  self.pp)
-    return np.where(self.interleaving > 1, mb * (
-      1 + (self.pp - 1) / (self.interleaving * self.pp)), mb)
+    (Korthikanti et al. 2022, section 4.2.3); with
+    ``pipeline_warmup_capped`` never more than nmb."""
+    nmb = self.num_microbatches
+    mb = np.where(nmb < self.pp, nmb, self.pp)
+    inter = mb * (1 + (self.pp - 1) / (self.interleaving * self.pp))
+    capped = self.exe.pipeline_warmup_capped
+    if np.any(capped):
+      # The warm-up runs at most every chunk-microbatch, nmb x VP, which is
+      # nmb processor-blocks' worth: Megatron-LM megatron/schedules.py
+      # (dd88906264, 2020) "num_warmup_microbatches =
+      # min(num_warmup_microbatches, num_microbatches)" over nmb x chunks,
+      # still in megatron/core/pipeline_parallel/schedules.py
+      # get_pp_rank_microbatches; PyTorch torch/distributed/pipelining/
+      # schedules.py ScheduleInterleaved1F1B get_rank_warmup_ops
+      # "min(warmup_ops, self._n_microbatches * self.n_local_stages)".
+      # With nmb = PP = 8 and two chunks the first rank runs all 16
+      # chunk-forwards before its first backward: 8 microbatches of its
+      # blocks in flight, not 11.5.
+      inter = np.where(capped, np.minimum(inter, nmb), inter)
+    return np.where(self.interleaving > 1, inter, mb)
 
   @cached_property
   def _last_stage_inflight_factor(self):
