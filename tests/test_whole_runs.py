@@ -143,3 +143,28 @@ def test_cli_bad_runs_file(tmp_path):
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0], lines
+
+
+def test_cli_default_files_and_datasheet(tmp_path):
+  """The suite prices on the bundled default files (the calibrated DGX
+  H100 file for Nemotron-4's H100s); --datasheet on the datasheet file,
+  whose step is faster (the calibrated file's network and MoE terms are
+  fitted to measured runs) -- and the two are mutually exclusive with
+  --calibrated, one line and exit 2."""
+  runs = _one_row(tmp_path, 'nemotron-4-15b')
+  steps = {}
+  for flag in ((), ('--datasheet',)):
+    out = tmp_path / ('out' + '_'.join(flag))
+    res = run_cli('llm-validation', '--suite', 'whole-runs', '--runs', runs,
+                  '--out', out, *flag)
+    assert res.returncode == 0, res.stderr
+    said = 'Datasheet systems' if flag else \
+      'Calibrated systems (the defaults): systems/h100_sxm_80g.json'
+    assert said in res.stdout
+    with open(out / 'whole_runs_results.csv', newline='') as fd:
+      steps[flag] = float(next(csv.DictReader(fd))['step_s'])
+  assert steps[('--datasheet',)] < steps[()]
+  res = run_cli('llm-validation', '--suite', 'whole-runs', '--runs', runs,
+                '--calibrated', '--datasheet')
+  assert res.returncode == 2
+  assert 'not allowed with argument' in res.stderr
