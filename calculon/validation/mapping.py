@@ -846,7 +846,10 @@ class Mapper:
     with PP (``pp`` None: not known, left out)."""
     out = {}
     for key, (value, why) in settings.items():
-      if key not in OPTIONAL_SPECS or key in AXES or \
+      # Of Calculon's fields only the activation offload a recipe states
+      # (Megatron-Core cpu_offloading_num_layers); the others are the row's.
+      if (key not in OPTIONAL_SPECS and key != 'activations_offload') or \
+          key in AXES or \
           key in ('expert_tensor_par',) or (
             key in case.fixed and key in _DATATYPE_TABLE_FIELDS):
         continue
