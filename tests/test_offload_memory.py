@@ -371,3 +371,61 @@ def test_zero2_reduce_scatters_every_microbatch():
   assert _at(total_once) > _at(ag_once)
   # Every microbatch's reduce-scatter makes the batch slower.
   assert _at(per.total_time_s) > _at(once.total_time_s)
+
+
+# -- what Transformer Engine offloads ------------------------------------------
+
+def _layers(ev, prefix):
+  """The block's layers whose names start with ``prefix``."""
+  block = ev.block
+  layers = getattr(block, '_layers', None)
+  if layers is None:  # a BlockMix: its MoE block
+    layers = block._moe._layers
+  return [la for la in layers if la.name.startswith(prefix)]
+
+
+def _stored(layer):
+  return _at(layer.activation_bytes()) if np.all(layer.activation_stored) \
+    else 0.0
+
+
+def test_te_marked_offload_leaves_the_swiglu_input_on_the_device():
+  """Megatron-Core with Transformer Engine before v2.10 offloads only the
+  tensors TE modules mark (pytorch/cpu_offload.py
+  tensor_need_offloading_checker_activations; mark_activation_offload
+  from module/linear.py, layernorm_linear.py, layernorm_mlp.py and the
+  non-context-parallel attention): Megatron-Core's fused SwiGLU keeps the
+  fc1 output itself (fusions/fused_bias_swiglu.py), so an offloaded
+  dense block still holds it; 'block' (Calculon) moves everything."""
+  kw = dict(activations_offload=True, fused_activation=True,
+            activation_offload_layers='all')
+  te = _ev('llama3-8B', 'h100_sxm_80g', activation_offload_scope='te_marked',
+           **kw)
+  whole = _ev('llama3-8B', 'h100_sxm_80g', activation_offload_scope='block',
+              **kw)
+  stored = _at(te.block.act_storage_bytes)
+  marked = _at(te.block.act_offloadable_bytes)
+  swiglu = _layers(te, 'MlpBlock_SwiGLU')[0]
+  assert not swiglu.te_marked and _stored(swiglu) > 0
+  assert 0 < marked <= stored - _stored(swiglu) + 1e-6 * stored
+  assert _at(te.fw_offload_bytes) == pytest.approx(marked)
+  assert _at(whole.fw_offload_bytes) == pytest.approx(stored)
+  # Tier 1 keeps the unmarked part of every offloaded block.
+  assert _at(te.mem1_tensor_bytes) > _at(whole.mem1_tensor_bytes)
+  assert _at(te.mem1_tensor_bytes) + _at(te.mem2_bytes) == pytest.approx(
+    _at(whole.mem1_tensor_bytes) + _at(whole.mem2_bytes))
+
+
+def test_te_marked_offload_leaves_the_experts_on_the_device():
+  """TE's GroupedLinear (MoE experts) marks nothing through v2.9
+  (module/grouped_linear.py), nor do Megatron-Core's routing and
+  permutation: a MoE block's offloadable share excludes them."""
+  ev = _ev('qwen3-30B-A3B', 'h100_sxm_80g', activations_offload=True,
+           activation_offload_layers='all', expert_par=8)
+  moe = ev.block._moe if hasattr(ev.block, '_moe') else ev.block
+  stored = _at(moe.act_storage_bytes)
+  marked = _at(moe.act_offloadable_bytes)
+  experts = sum(_stored(la) for la in _layers(ev, 'Moe_'))
+  assert experts > 0
+  assert all(not la.te_marked for la in _layers(ev, 'Moe_'))
+  assert 0 < marked <= stored - experts + 1e-6 * stored

@@ -56,6 +56,9 @@ OPTIMIZER_OFFLOAD_STEP_NAMES = ('device', 'host_fused', 'host_unfused')
 #: Which of a processor's blocks keep their activations in memory tier 2
 #: when activations are offloaded (``activation_offload_layers``).
 ACTIVATION_OFFLOAD_LAYERS_NAMES = ('all', 'fit')
+#: What of an offloaded block's stored activations crosses to memory tier 2
+#: (``activation_offload_scope``).
+ACTIVATION_OFFLOAD_SCOPE_NAMES = ('block', 'te_marked')
 #: ``gradient_shard_reduce``: when sharded gradients are reduce-scattered.
 GRADIENT_SHARD_REDUCE_NAMES = ('batch', 'microbatch')
 GRADIENT_DATATYPE_NAMES = ('float32', 'bfloat16', 'float16')
@@ -481,6 +484,24 @@ EXECUTION = (
        source='Megatron-Core transformer_config.py cpu_offloading_num_layers '
        '(< num_layers); Transformer Engine pytorch/cpu_offload.py '
        '(layers 0..k-1 offloaded, layer i done by layer L - k + i)'),
+  _beh('activation_offload_scope', _choice(ACTIVATION_OFFLOAD_SCOPE_NAMES),
+       'memory',
+       "with activations offloaded: 'te_marked': only the tensors "
+       'Transformer Engine modules mark for CPU offload cross to tier 2 '
+       "(the inputs a Linear, LayerNormLinear or LayerNormMLP saves, the "
+       "non-context-parallel attention's q, k, v and output); the rest of "
+       "an offloaded block's stored activations (a fused activation's "
+       'input, MoE routing, permutation and grouped expert GEMM inputs, '
+       'context-parallel attention, dropout masks) stays in tier 1',
+       names=ACTIVATION_OFFLOAD_SCOPE_NAMES, absent='block',
+       absent_doc="'block': all of an offloaded block's stored activations "
+       '(Calculon)',
+       source='Transformer Engine v2.0-v2.9 pytorch/cpu_offload.py '
+       'tensor_need_offloading_checker_activations (only tensors with '
+       'activation_offloading, set by mark_activation_offload from '
+       'module/linear.py, layernorm_linear.py, layernorm_mlp.py and '
+       'attention/dot_product_attention/backends.py outside context '
+       'parallelism); v2.10 (c52576053) offloads every saved tensor'),
   _beh('gradient_shard_reduce', _choice(GRADIENT_SHARD_REDUCE_NAMES),
        'sharding',
        "with 'gradients' sharding (ZeRO-2): 'microbatch': each block's "

@@ -101,15 +101,20 @@ class Shape:
 
 
 def _adder(ctx, layers):
-  """``add(layer_cls, name, *args, present=True, core=False, **kw)``:
-  appends a layer to ``layers`` unless absent for every execution; tags it
-  ``core`` (attention core) and ``part`` ('shared' or 'experts' by name)."""
-  def add(layer_cls, name, *args, present=True, core=False, **kw):
+  """``add(layer_cls, name, *args, present=True, core=False, te_marked=False,
+  **kw)``: appends a layer to ``layers`` unless absent for every execution;
+  tags it ``core`` (attention core), ``part`` ('shared' or 'experts' by
+  name) and ``te_marked``: what it stores is a tensor a Transformer Engine
+  module marks for CPU activation offload (``activation_offload_scope``
+  'te_marked'; a flag, or a bool array over the executions)."""
+  def add(layer_cls, name, *args, present=True, core=False, te_marked=False,
+          **kw):
     present = _mask(present)
     if present is False:
       return
     layer = layer_cls(name, ctx, *args, present=present, **kw)
     layer.core = core
+    layer.te_marked = flag(te_marked)
     layer.part = 'shared' if name.startswith('Shared_') else (
       'experts' if name.startswith('Moe_Experts') else None)
     layers.append(layer)
@@ -189,8 +194,16 @@ def build_block(app, exe, ctx, moe=False):
   add = _adder(ctx, layers)
 
   # -- attention ---------------------------------------------------------------
+  # What Transformer Engine marks for CPU activation offload (through v2.9,
+  # pytorch/cpu_offload.py mark_activation_offload): the inputs a
+  # LayerNormLinear / LayerNormMLP / Linear saves (the norm's input and
+  # output, a linear's input: module/layernorm_linear.py,
+  # layernorm_mlp.py, linear.py) and the non-context-parallel attention's
+  # q, k, v, out (attention/dot_product_attention/backends.py); not
+  # Megatron-Core's own fused activation, dropout, MoE routing and
+  # permutation, nor GroupedLinear's inputs (module/grouped_linear.py).
   add(Fork, 'AttnBlock_Fork', act_in, 3 if parallel else 2, recompute=full,
-      activation_stored=True)
+      activation_stored=True, te_marked=True)
   add(norm_cls, f'AttnBlock_{norm_name}', act_in, h,
       recompute=full | norm_re, activation_stored=False,
       activation_reused=True)
@@ -208,7 +221,7 @@ def build_block(app, exe, ctx, moe=False):
                      norm_re, mla_re)
   add(Fork, 'AttnBlock_Multihead_Fork', act, 3, recompute=attn_recomm,
       activation_stored=~(attn_recomm | norm_re),
-      present=False if app.is_mla else plain)
+      present=False if app.is_mla else plain, te_marked=True)
   query = add(Linear, 'AttnBlock_Query', batch_seq, h, qkv_width // tp,
               recompute=full, activation_stored=False, activation_reused=True,
               present=False if app.is_mla else plain)
@@ -217,13 +230,13 @@ def build_block(app, exe, ctx, moe=False):
       recompute_share=_share(full, alt, shape.kv_total /
                              (qkv_width + 2 * shape.kv_total)),
       recomm=attn_recomm, activation_stored=negate(norm_re),
-      present=overlap & kv_sharded)
+      present=overlap & kv_sharded, te_marked=True)
   add(LinearOverlapped, 'AttnBlock_Query_AG', batch_seq, h, qkv_width, False,
       recompute=full, recomm=attn_recomm, activation_stored=negate(norm_re),
-      present=overlap & ~kv_sharded)
+      present=overlap & ~kv_sharded, te_marked=True)
   add(Fork, 'AttnBlock_KV_Fork', act, 2, recompute=attn_recomm,
       activation_stored=~(attn_recomm | norm_re),
-      present=overlap & ~kv_sharded)
+      present=overlap & ~kv_sharded, te_marked=True)
   kv = [add(Linear, name, batch_seq, h, shape.kv_local,
             recompute=full | alt if name == 'AttnBlock_Key' else full,
             activation_stored=False, activation_reused=True,
@@ -255,18 +268,18 @@ def build_block(app, exe, ctx, moe=False):
   add(FlashAttention, 'AttnBlock_FlashAttention', heads_local, s_q, s_k,
       head_size, v_size, kv_elems, attention_tile_fraction(app),
       recompute=attn_re, activation_stored=~(attn_re | mla_re), present=flash,
-      core=True)
+      core=True, te_marked=shape.cp == 1)
   # Context parallelism: the ring steps' partial outputs merged, and their
   # gradients accumulated, outside the attention kernel.
   add(ContextParallelMerge, 'AttnBlock_CP_Merge', heads_local * s_q * v_size,
       heads_local * s_q * head_size, kv_elems, shape.cp, recompute=attn_re,
       present=(flash & (shape.cp > 1)) if np.any(shape.cp > 1) else False)
   add(Linear, 'AttnBlock_MLP', batch_seq, heads * v_size // tp, h,
-      recompute=full | alt, present=plain)
+      recompute=full | alt, present=plain, te_marked=True)
   add(TPComm, 'AttnBlock_G', act, True, recomm=full, activation_stored=False,
       present=False if parallel else plain)
   add(LinearOverlapped, 'AttnBlock_MLP_RS', batch_seq, qkv_width, h, True,
-      recompute=full | alt, recomm=full, present=overlap)
+      recompute=full | alt, recomm=full, present=overlap, te_marked=True)
   if not parallel:
     add(DropOut, 'AttnBlock_DropOut', act_in,
         fused=exe.fused_dropout_add, recompute=full, present=dropout)
@@ -284,7 +297,7 @@ def build_block(app, exe, ctx, moe=False):
   up = 2 * ff if app.gated else ff
   if not parallel:
     add(Fork, 'MlpBlock_Fork', act_in, 2, recompute=full,
-        activation_stored=True)
+        activation_stored=True, te_marked=True)
   # Megatron-Core's 'mlp' module: the MLP recomputed from its input.
   mlp_re = recomputed_module(exe, 'mlp')
   mlp_in = full | mlp_re
@@ -298,12 +311,13 @@ def build_block(app, exe, ctx, moe=False):
   up_share = _share(mlp_in, up_alt, 0.5)
   mlp1 = add(Linear, 'MlpBlock_Mlp1', batch_seq, h, up // tp,
              recompute=mlp_in | up_alt, recompute_share=up_share,
-             activation_stored=~(mlp_recomm | norm_re), present=plain)
+             activation_stored=~(mlp_recomm | norm_re), present=plain,
+             te_marked=True)
   _feeds(mlp_f, mlp1)
   add(LinearOverlapped, 'MlpBlock_Mlp1_AG', batch_seq, h, up, False,
       recompute=mlp_in | up_alt, recompute_share=up_share,
       recomm=mlp_recomm | mlp_re,
-      activation_stored=negate(norm_re), present=overlap)
+      activation_stored=negate(norm_re), present=overlap, te_marked=True)
   # The alternate linears' policy recomputes every element-wise op: the
   # activation keeps nothing of its own (the saved half of the gate/up
   # output is counted as the second linear's input, which it recomputes).
@@ -316,7 +330,7 @@ def build_block(app, exe, ctx, moe=False):
         keeps_input=exe.fused_activation_keeps_input,
         recompute=mlp_in | alt, activation_stored=negate(mlp_re | alt))
   add(Linear, 'MlpBlock_Mlp2', batch_seq, ff // tp, h, recompute=mlp_in,
-      activation_stored=negate(mlp_re), present=plain)
+      activation_stored=negate(mlp_re), present=plain, te_marked=True)
   if parallel:
     # Attention and MLP partial outputs are summed before one reduction.
     add(ElementWise, 'ParallelBlock_Sum', act, act, recompute=full,
@@ -327,7 +341,7 @@ def build_block(app, exe, ctx, moe=False):
       activation_stored=False, present=plain)
   add(LinearOverlapped, 'MlpBlock_Mlp2_RS', batch_seq, ff, h, True,
       recompute=mlp_in, recomm=mlp_in, activation_stored=negate(mlp_re),
-      present=overlap)
+      present=overlap, te_marked=True)
   add(DropOut, 'MlpBlock_DropOut', act_in, fused=exe.fused_dropout_add,
       recompute=full, present=dropout)
   add(ElementWise, 'MlpBlock_Residual', act_in, act_in, recompute=full,
@@ -349,14 +363,14 @@ def _mla_projections(app, add, shape, norm_cls, full, recomm, tp,
   a = app.attn_heads
   dn, dr, dv = app.qk_nope_head_dim, app.qk_rope_head_dim, app.v_head_dim
   add(Fork, 'AttnBlock_MLA_Fork', shape.act, 2, recompute=recomm,
-      activation_stored=negate(flag(recomm | norm_re)))
+      activation_stored=negate(flag(recomm | norm_re)), te_marked=True)
   if app.q_lora_rank is not None:
     r = app.q_lora_rank
     add(Linear, 'AttnBlock_Q_Down', bs, h, r, recompute=full,
         activation_stored=False, activation_reused=True)
     add(norm_cls, 'AttnBlock_Q_Norm', bs * r, r, recompute=full)
     add(Linear, 'AttnBlock_Q_Up', bs, r, a * (dn + dr) // tp,
-        recompute=full | mla_re)
+        recompute=full | mla_re, te_marked=True)
   else:
     add(Linear, 'AttnBlock_Query', bs, h, a * (dn + dr) // tp,
         recompute=full, activation_stored=False, activation_reused=True)
@@ -365,7 +379,7 @@ def _mla_projections(app, add, shape, norm_cls, full, recomm, tp,
       activation_stored=False, activation_reused=True)
   add(norm_cls, 'AttnBlock_KV_Norm', bs * r, r, recompute=full)
   add(Linear, 'AttnBlock_KV_Up', bs, r, a * (dn + dv) // tp,
-      recompute=full | mla_re)
+      recompute=full | mla_re, te_marked=True)
 
 
 def _moe_mlp(app, exe, ctx, add, shape, norm_cls, norm_name, full, parallel,
@@ -474,14 +488,15 @@ def _moe_mlp(app, exe, ctx, add, shape, norm_cls, norm_name, full, parallel,
     shared_f = add(TPComm, 'Shared_F', act, False, recomm=s_in,
                    async_recomm=negate(s_in), present=tp > 1)
     shared_1 = add(Linear, 'Shared_Mlp1', batch_seq, h, s_up // tp,
-                   recompute=s_in, activation_stored=negate(norm_re))
+                   recompute=s_in, activation_stored=negate(norm_re),
+                   te_marked=True)
     _feeds(shared_f, shared_1)
     cls = SwiGLU if app.gated else GeLU
     add(cls, 'Shared_Act', shared * batch_seq // tp, exe.fused_activation,
         keeps_input=exe.fused_activation_keeps_input, recompute=s_in,
         activation_stored=s_kept)
     add(Linear, 'Shared_Mlp2', batch_seq, shared // tp, h, recompute=s_in,
-        activation_stored=s_kept)
+        activation_stored=s_kept, te_marked=True)
     add(TPComm, 'Shared_G', act, True, recomm=s_in, activation_stored=False,
         present=tp > 1)
     add(ElementWise, 'Moe_SharedSum', act_in, act_in, recompute=inner,
@@ -580,7 +595,10 @@ class BlockTotals:
     {base,edge}_recomm_{bytes,time,exposed};
     tp_bw_overlap_req (bytes/s);
     weight_bytes, act_working_bytes, act_storage_bytes, weight_grad_bytes,
-    weight_grad_unsharded_bytes, act_grad_bytes, optimizer_bytes.
+    weight_grad_unsharded_bytes, act_grad_bytes, optimizer_bytes;
+    act_offloadable_bytes (on first use): the part of act_storage_bytes
+    that layers flagged ``te_marked`` store, what Transformer Engine's CPU
+    offload moves (``activation_offload_scope`` 'te_marked').
 
   Recomputation (``re_*``) sums the forward cost of the recomputed layers.
   Calculon instead adds the block's running forward totals at each
@@ -607,6 +625,7 @@ class BlockTotals:
               'dp_window_re_flops_time', 'dp_window_re_mem_time']
     acc = {n: _Sum() for n in names}
     self._layers, self._training = layers, training
+    self._recompute_full = recompute_full
     tp_req = 0.0
     train = flag(training)
 
@@ -707,7 +726,7 @@ class BlockTotals:
             'matrix_bw_flops', 'expert_weight_elems', 'expert_weight_bytes',
             'ep_bytes', 'ep_fw_time', 'ep_bw_time', 'ep_re_time',
             'shared_fw_time', 'shared_bw_time', 'experts_fw_time',
-            'experts_bw_time')
+            'experts_bw_time', 'act_offloadable_bytes')
 
   def __getattr__(self, name):
     if name not in self.MODERN:
@@ -753,8 +772,23 @@ class BlockTotals:
         acc['expert_weight_elems'].add(layer.weights, p)
         acc['expert_weight_bytes'].add(layer.weight_bytes(), p)
       acc['weight_elems'].add(layer.weights, p)
+      te = getattr(layer, 'te_marked', False)
+      if te is not False:
+        # The part of act_storage_bytes a Transformer Engine module marks
+        # for CPU offload, accumulated as act_storage_bytes is.
+        pt = _and(p, te)
+        act = layer.activation_bytes()
+        acc['act_offloadable_bytes'].add(act, pt)
+        if train is not False:
+          for kept, size in ((layer.output_stored, layer.output_bytes()),
+                             (layer.activation_stored, act)):
+            dropped = negate(kept)
+            if dropped is not False:
+              acc['act_offloadable_bytes'].add(-size, pt, _and(train, dropped))
     for name, total in acc.items():
       self.__dict__[name] = total.value
+    self.act_offloadable_bytes = np.where(self._recompute_full, 0,
+                                          self.act_offloadable_bytes)
 
 
 def _max_masked(current, layer, stage, present):

@@ -32,9 +32,11 @@ from functools import cached_property
 
 import numpy as np
 
-from calculon.config.registry import ACTIVATION_OFFLOAD_LAYERS_NAMES
+from calculon.config.registry import (
+  ACTIVATION_OFFLOAD_LAYERS_NAMES, ACTIVATION_OFFLOAD_SCOPE_NAMES)
 
 _ACT_OFFLOAD_FIT = ACTIVATION_OFFLOAD_LAYERS_NAMES.index('fit')
+_ACT_SCOPE_TE = ACTIVATION_OFFLOAD_SCOPE_NAMES.index('te_marked')
 
 
 class MemoryTerms:
@@ -182,10 +184,12 @@ class MemoryTerms:
     return np.where(self.training, self.block.optimizer_bytes * 2, 0)
 
   # -- the stages' kinds and the tiers ----------------------------------------
-  def _kinds(self, act, ckpt, vocab):
+  def _kinds(self, act, ckpt, vocab, kept=0.0):
     """{kind: (tier-1 bytes, tier-2 bytes)} of a pipeline stage whose
     blocks keep ``act`` activations and ``ckpt`` checkpoints, plus the
-    embedding / LM head parts ``vocab`` (a dict by kind, tier 1 only).
+    embedding / LM head parts ``vocab`` (a dict by kind, tier 1 only);
+    ``kept``: the stored activations offloaded blocks keep in tier 1
+    (``activation_offload_scope`` 'te_marked', :meth:`_act_unmarked_for`).
     With ``activation_offload_layers`` 'fit' the stage keeps them all here
     (:meth:`_stage_kinds` then moves the blocks it offloads)."""
     e = self.exe
@@ -195,8 +199,8 @@ class MemoryTerms:
     if np.any(fit):
       ao = ao & ~fit
     full = self.full_recompute
-    act1 = np.where(ao, self.act_bytes_min, act)
-    act2 = np.where(ao & ~full, act, 0)
+    act1 = np.where(ao, self.act_bytes_min + kept, act)
+    act2 = np.where(ao & ~full, act - kept, 0)
     ckpt1 = np.where(ao, np.where(full, self.act_checkpoint_bytes_min, 0),
                      ckpt)
     ckpt2 = np.where(ao & full, ckpt, 0)
@@ -236,6 +240,41 @@ class MemoryTerms:
     return np.where(self.full_recompute, self.block_act_checkpoint_bytes,
                     self.block.act_storage_bytes)
 
+  @cached_property
+  def _act_te(self):
+    """Offloaded activations limited to the tensors Transformer Engine
+    marks (``activation_offload_scope`` 'te_marked'), without full
+    recomputation (whose block-input checkpoints offload whole)."""
+    return np.asarray(self.exe.activations_offload, dtype=bool) & (
+      self.exe.activation_offload_scope == _ACT_SCOPE_TE) & \
+      ~np.asarray(self.full_recompute, dtype=bool)
+
+  @cached_property
+  def _act_offload_block_bytes(self):
+    """What offloading one block moves to tier 2 per microbatch in flight:
+    :attr:`_act_block_bytes`, or with ``activation_offload_scope``
+    'te_marked' only its stored tensors that Transformer Engine marks
+    (``block.act_offloadable_bytes``)."""
+    te = self._act_te
+    if not np.any(te):
+      return self._act_block_bytes
+    return np.where(te, self.block.act_offloadable_bytes,
+                    self._act_block_bytes)
+
+  def _act_unmarked_for(self, inflight):
+    """Stored activations that every block offloaded with
+    ``activation_offload_layers`` 'all' keeps in tier 1 under
+    ``activation_offload_scope`` 'te_marked' (the unmarked part of each
+    stored block, as many as :meth:`_act_bytes_for` stores); 0
+    elsewhere."""
+    te = self._act_te
+    if not np.any(te):
+      return 0.0
+    b = self.block
+    n = self.blocks_per_proc * inflight - 1
+    kept = (b.act_storage_bytes - b.act_offloadable_bytes) * n
+    return np.where(te & self.training, kept, 0)
+
   def _stage_kinds(self, inflight, vocab):
     """(kinds, offloaded blocks) of a pipeline stage with ``inflight``
     microbatches in flight and the vocabulary parts ``vocab``.  With
@@ -250,12 +289,13 @@ class MemoryTerms:
     performance guide tunes "the number of layers to offload" because
     each costs transfers."""
     kinds = self._kinds(self._act_bytes_for(inflight),
-                        self._checkpoint_bytes_for(inflight), vocab)
+                        self._checkpoint_bytes_for(inflight), vocab,
+                        self._act_unmarked_for(inflight))
     fit = self._act_fit
     if not np.any(fit):
       return kinds, 0.0
     kept = self._tiers(kinds)[0]
-    save = self._act_block_bytes * inflight
+    save = self._act_offload_block_bytes * inflight
     with np.errstate(divide='ignore', invalid='ignore'):
       need = np.ceil((kept - self.mem1_tensor_budget_bytes) / save)
     k = np.clip(np.where(save > 0, need, 0), 0,

@@ -104,8 +104,12 @@ class OffloadTerms:
 
   @cached_property
   def _act_offload_bytes(self):
-    return np.where(self.full_recompute, self.block_act_checkpoint_bytes,
-                    self.block.act_storage_bytes)
+    """Bytes one block's offloaded activations move each way: its stored
+    activations (its checkpoint with full recomputation), or with
+    ``activation_offload_scope`` 'te_marked' only the stored tensors
+    Transformer Engine marks for offload
+    (:attr:`~calculon.llm.terms.memory.MemoryTerms._act_offload_block_bytes`)."""
+    return self._act_offload_block_bytes
 
   @cached_property
   def act_offload_fraction(self):
