@@ -69,42 +69,49 @@ def _weight_offload_needs_parameter_sharding(c, app, value):
 
 
 #: kind -> (bad(columns, application, value) -> bool array, text of what is
-#: required (``{value}`` substituted), needs a value).
+#: required (``{value}`` substituted), needs a value, the field a refusal
+#: names).
 KINDS = {
   'interleaved_microbatches_multiple_of_pp': (
     _interleaved_microbatches_multiple_of_pp,
     'with pipeline_interleaving > 1 the microbatches per replica '
     '(batch_size / data_par / microbatch_size) must be a multiple of '
-    'pipeline_par', False),
+    'pipeline_par', False,
+    'pipeline_interleaving'),
   'interleaved_min_pp': (
     _interleaved_min_pp,
-    'pipeline_interleaving > 1 needs pipeline_par >= {value}', True),
+    'pipeline_interleaving > 1 needs pipeline_par >= {value}', True,
+    'pipeline_interleaving'),
   'microbatches_at_least_pp': (
     _microbatches_at_least_pp,
     'with pipeline_par > 1 the microbatches per replica must be at least '
-    'pipeline_par', False),
+    'pipeline_par', False,
+    'microbatch_size'),
   'activation_offload_without_pp_or_recompute': (
     _activation_offload_without_pp_or_recompute,
     'activations offload only with pipeline_par = 1 and no recomputation',
-    False),
+    False, 'activations_offload'),
   'activation_offload_needs_full_recompute': (
     _activation_offload_needs_full_recompute,
     'activations offload only of the checkpoints of full recomputation',
-    False),
+    False, 'activations_offload'),
   'weight_offload_needs_parameter_sharding': (
     _weight_offload_needs_parameter_sharding,
-    'weights offload only with data_par_sharding "parameters"', False),
+    'weights offload only with data_par_sharding "parameters"', False,
+    'weight_offload'),
   'expert_overlap_needs_interleaving': (
     _expert_overlap_needs_interleaving,
     'moe_comm_overlap "compute" with pipeline_par > 1 needs '
-    'pipeline_interleaving > 1', False),
+    'pipeline_interleaving > 1', False,
+    'moe_comm_overlap'),
   'expert_overlap_without_full_recompute': (
     _expert_overlap_without_full_recompute,
-    'moe_comm_overlap "compute" only without full recomputation', False),
+    'moe_comm_overlap "compute" only without full recomputation', False,
+    'moe_comm_overlap'),
   'interleaved_min_blocks_per_stage': (
     _interleaved_min_blocks_per_stage,
     'with pipeline_interleaving > 1 each virtual stage needs at least '
-    '{value} block(s)', True),
+    '{value} block(s)', True, 'pipeline_interleaving'),
 }
 
 
@@ -153,11 +160,7 @@ def check(preset, columns, app, source='<execution>'):
   for con in preset.constraints:
     bad = np.asarray(con.bad(columns, app))
     if bad.any():
-      field = 'moe_comm_overlap' if con.check.startswith('expert_overlap') \
-        else 'pipeline_interleaving' if 'interleav' in con.check else \
-        'activations_offload' if 'activation_offload' in con.check else \
-        'weight_offload' if 'weight_offload' in con.check else \
-        'microbatch_size'
+      field = KINDS[con.check][3]
       raise ConfigError(
         f"{source}: field '{field}' is not allowed with framework "
         f"'{preset.name}': {con.text}"

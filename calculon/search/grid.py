@@ -209,6 +209,8 @@ class SearchSpec:
       else:
         Reader({name: value}, '<search>').get(name, OPTIONAL_SPECS[name][0])
       self.overrides[name] = value
+    #: axis -> the engine codes of its :attr:`choices`.
+    self.choice_codes = {}
     if self.choices and not self.modern:
       raise ConfigError("<search>: choices are not allowed in Calculon's "
                         'space (the calculon preset)', field='choices',
@@ -221,8 +223,7 @@ class SearchSpec:
           'values of an axis the search varies (' + ', '.join(self.axes)
           + ')', field=name, value=allowed)
       try:
-        for value in allowed:
-          code_of(name, value)
+        self.choice_codes[name] = {code_of(name, v) for v in allowed}
       except ValueError:
         raise ConfigError(f"<search>: choice '{name}' = {allowed!r} is not "
                           'allowed: values of the field (see '
@@ -451,9 +452,7 @@ def _modern_groups(spec):
 
 def _apply_choices(spec, values):
   """Restricts a group's axis values to :attr:`SearchSpec.choices`."""
-  from calculon.frameworks.resolve import code_of
-  for name, allowed in spec.choices.items():
-    keep = {code_of(name, v) for v in allowed}
+  for name, keep in spec.choice_codes.items():
     values[name] = [v for v in values[name] if v in keep]
 
 

@@ -872,12 +872,14 @@ class Mapper:
       axes: the names of the axes the search varies.
 
     Returns:
-      (framework, fields, choices): the preset's name; {field: value} the
-      rules fix; {axis: [values]} the rules restrict the search to.  Each
-      is recorded in ``case.assumptions``.
+      (framework, fields, choices): the preset's name (also set in
+      ``case.fixed``); {field: value} the rules fix; {axis: [values]} the
+      rules restrict the search to.  Each is recorded in
+      ``case.assumptions``.
     """
     settings = self._settings(case)
     framework, why = self._framework(settings)
+    case.fixed['framework'] = framework
     case.assume('framework', framework, why)
     fields = {}
     for key, (value, why) in self._rule_fields(case, settings, None).items():

@@ -452,7 +452,6 @@ def _searched(suite, case, out, tokens, workers):
   before = len(case.assumptions)
   framework, fields, choices = suite.mapper.search_settings(case, axes)
   out.assumptions += case.assumptions[before:]
-  case.fixed['framework'] = framework
   out.assumptions.append(('layout', 'searched', 'the row states no TP/PP: '
                           'every layout of the framework preset\'s space ('
                           f'{framework}) within the rules above, the '

@@ -36,7 +36,8 @@ edge blocks' times without offload (``baseblock_fw_time_no_offload_s``,
 ``block_fsdp_fw_s``, ``block_fsdp_bw_s`` (:mod:`~calculon.llm.terms.fsdp`),
 ``_cp_step_s`` (:mod:`~calculon.llm.terms.context`) and the block's
 expert-parallel times; ``app``, ``optim_step_time_s``;
-``act_offload_blocks`` (:mod:`~calculon.llm.terms.memory`).
+``act_offload_blocks`` and ``_act_offload_block_bytes``, the bytes one
+offloaded block moves each way (:mod:`~calculon.llm.terms.memory`).
 """
 
 from functools import cached_property
@@ -103,15 +104,6 @@ class OffloadTerms:
       self.exe.optimizer_offload_step != OPT_STEP_DEVICE)
 
   @cached_property
-  def _act_offload_bytes(self):
-    """Bytes one block's offloaded activations move each way: its stored
-    activations (its checkpoint with full recomputation), or with
-    ``activation_offload_scope`` 'te_marked' only the stored tensors
-    Transformer Engine marks for offload
-    (:attr:`~calculon.llm.terms.memory.MemoryTerms._act_offload_block_bytes`)."""
-    return self._act_offload_block_bytes
-
-  @cached_property
   def act_offload_fraction(self):
     """Share of the processor's blocks whose activations cross to tier 2
     (1 with ``activation_offload_layers`` 'all', Calculon's; with 'fit' the
@@ -144,7 +136,7 @@ class OffloadTerms:
     """Bytes moved to/from tier 2 while a block runs forward: the larger of
     its weights and its activations (prefetch/offload in parallel)."""
     e = self.exe
-    act = self._act_offload_bytes
+    act = self._act_offload_block_bytes
     frac = self.act_offload_fraction
     if np.ndim(frac) or frac != 1.0:
       act = act * frac
@@ -158,7 +150,7 @@ class OffloadTerms:
     device: a host step keeps it on the host, see
     :attr:`host_optimizer_step_s`)."""
     e, b = self.exe, self.block
-    act = self._act_offload_bytes
+    act = self._act_offload_block_bytes
     frac = self.act_offload_fraction
     if np.ndim(frac) or frac != 1.0:
       act = act * frac
@@ -334,7 +326,7 @@ class OffloadTerms:
     """Tier-2 bandwidth (bytes/s) to offload a block's activations during
     the next block's forward pass."""
     with np.errstate(divide='ignore', invalid='ignore'):
-      return self._act_offload_bytes / self._fw_offload_window_s
+      return self._act_offload_block_bytes / self._fw_offload_window_s
 
   @cached_property
   def weight_offload_bw_req(self):
