@@ -81,7 +81,7 @@ def test_resolution_rule():
   exe, _ = resolve_execution(app, Execution.from_dict(written))
   assert exe.framework == 'torchtitan'
   assert exe.optimizer_traffic == 'state_once'          # written wins
-  assert exe.cross_entropy_kernel == 'unfused'          # torchtitan's
+  assert exe.cross_entropy_kernel == 'eager'            # torchtitan's
   # A framework given to the run (--framework) replaces the execution's.
   exe, _ = resolve_execution(app, Execution.from_dict(written),
                              framework='megatron-core')

@@ -949,8 +949,48 @@ def test_unfused_cross_entropy_hand_count():
   assert value(ce.fw_mem_bytes()) == 32 * logits
   assert value(ce.agrad_mem_bytes()) == 8 * logits
   with pytest.raises(ConfigError, match='cross_entropy_kernel.* = "apex" '
-                     'is not allowed: one of "fused", "unfused", "compiled"'):
+                     'is not allowed: one of "fused", "unfused", "compiled", '
+                     '"eager"'):
     Execution.from_dict(dict(BASE_EXE, cross_entropy_kernel='apex'))
+
+
+def test_eager_cross_entropy_under_loss_parallel():
+  """cross_entropy_kernel 'eager' (torchtitan's loss: PyTorch's
+  cross_entropy on float32-cast logits, inside DTensor's loss_parallel()
+  when TP > 1).  At TP 1 it is 'unfused' to the byte and the second.  At
+  TP 8 its backward (torch/distributed/tensor/parallel/loss.py
+  _nll_loss_and_log_softmax_backward: zeros_like(x), then (grad_input +
+  exp(x)) * grad_output) holds four float32 logits buffers where PyTorch's
+  own backward holds three: measured on an H200 with PyTorch 2.11
+  (benchmarks/gpu_loss_memory.py, 16 x 8,192 x 16,032 logits, Llama 3 70B's
+  per-rank vocabulary at TP 8), the backward peaked 3.000 and 4.001 float32
+  logits buffers above the 16-bit logits.  The head's working set, what it
+  keeps and its gradients grow by exactly one buffer; backward traffic per
+  logit 4 + 8 + 12 + 8 + (4 + 2) = 38 bytes, against 14."""
+  app = llama(hidden=8192, feedforward=28672, attn_heads=64, num_blocks=80)
+  logits_tp1 = 8192 * 128256
+  for tp in (1, 8):
+    common = dict(tensor_par=tp, tensor_par_net=0, batch_size=1,
+                  datatype='bfloat16')
+    unfused = evaluation(app, system=H100_SXM, cross_entropy_kernel='unfused',
+                         **common)
+    eager = evaluation(app, system=H100_SXM, cross_entropy_kernel='eager',
+                       **common)
+    ce = [x for x in eager.head_layers if x.name == 'Head_CrossEntropy'][0]
+    logits = logits_tp1 // tp
+    assert value(ce.inputs) == logits
+    assert value(ce.fw_mem_bytes()) == 38 * logits
+    grew = value(eager.head_activation_bytes + eager.head.act_grad_bytes -
+                 unfused.head_activation_bytes - unfused.head.act_grad_bytes)
+    if tp == 1:
+      assert grew == 0
+      assert value(ce.agrad_mem_bytes()) == 14 * logits
+      assert value(eager.total_time_s) == value(unfused.total_time_s)
+      assert value(eager.mem1_bytes) == value(unfused.mem1_bytes)
+    else:
+      assert grew == 4 * logits                 # one float32 logits buffer
+      assert value(ce.agrad_mem_bytes()) == 38 * logits
+      assert value(eager.lm_head_time_s) > value(unfused.lm_head_time_s)
 
 
 def test_compiled_cross_entropy_keeps_sixteen_bit_logits():

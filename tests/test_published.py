@@ -168,12 +168,13 @@ def test_framework_loss_and_fsdp_copies_from_the_rules(suite):
   2021-2022 and Megatron-DeepSpeed unfused, Megatron-Core 2024+ fused and
   no copies; a source no rule knows keeps the absent values.  torchtitan
   of 2025 (820504e, e7c0cae: after bbb1b616e) compiles the loss with the
-  model: 'compiled'."""
+  model: 'compiled'; December 2024's is eager ('eager': DTensor's
+  loss_parallel when TP > 1)."""
   for rid in ('torchtitan-02', 'torchtitan-07', 'torchtitan-14',
               'torchtitan-17'):
     c = case(suite, rid)
     assert resolved(c, 'cross_entropy_kernel') == (
-      'unfused' if rid in ('torchtitan-02', 'torchtitan-07') else 'compiled')
+      'eager' if rid in ('torchtitan-02', 'torchtitan-07') else 'compiled')
     assert resolved(c, 'fsdp_buffer_copies') is True
   assert 'bbb1b616e' in why(case(suite, 'torchtitan-17'),
                             'cross_entropy_kernel')
@@ -871,7 +872,10 @@ def test_measured_memory_from_the_notes(results):
   logged peak reserved memory), all within 20 %; its two 2025 H200 runs
   (e7c0cae) within 5 % once the compiled loss keeps no float32 logits
   (cross_entropy_kernel 'compiled': 16 GiB less than the eager loss of
-  its 2024 runs at 2 x 8,192 tokens)."""
+  its 2024 runs at 2 x 8,192 tokens); its 70B runs at TP 8 (Table 4) within
+  1 % once DTensor's loss-parallel backward holds its fourth float32
+  logits buffer (7.8 GiB at 16 x 8,192 tokens, 16,032 words a rank; they
+  were 10.4 and 11.8 % under); issue 34's 80 % within 10 % holds."""
   assert M.measured_memory_gib('also: peak_mem_GiB=83.9.') == 83.9
   assert M.measured_memory_gib('mem_GiB=46.97') == 46.97
   assert M.measured_memory_gib('80 GB HBM3') is None
@@ -881,6 +885,9 @@ def test_measured_memory_from_the_notes(results):
   assert (mem['delta_mem_pct'].abs() < 20).all()
   assert (mem.loc[h200, 'delta_mem_pct'].abs() < 5).all()
   assert 0 < mem['delta_mem_pct'].median() < 10
+  by_id = mem.set_index('id')['delta_mem_pct']
+  assert by_id[['torchtitan-08', 'torchtitan-09']].abs().max() < 1
+  assert (mem['delta_mem_pct'].abs() <= 10).mean() >= 0.8
   s = P.summary(results)
   assert s['memory']['n'] == 15
 
@@ -891,15 +898,19 @@ def test_torchtitan_interleaved_warmup_is_capped(suite, results):
   twin's 82.5.  PyTorch's ScheduleInterleaved1F1B caps the first rank's
   warm-up, 8 + 2 x 7 = 22 chunk-forwards, at 8 x 2 = 16 (get_rank_warmup_ops:
   min(warmup_ops, n_microbatches * n_local_stages)): it keeps the 8
-  microbatches of its blocks that 1F1B keeps, not 11.5, so the two runs
-  need the same memory and -11 comes within 1 % (10.5 % over before)."""
+  microbatches of its blocks that 1F1B keeps, not 11.5, so the two runs'
+  first stages need the same memory (80.3 GiB, 10.5 % over, before).  The
+  interleaved run's last rank, which also holds a middle chunk's
+  microbatches and the LM head with DTensor's loss-parallel buffer, now
+  binds, 1.4 GiB above: -11 comes within 3 %."""
   c = case(suite, 'torchtitan-11')
   assert resolved(c, 'pipeline_warmup_capped') is True
   assert 'get_rank_warmup_ops' in source_of(c, 'pipeline_warmup_capped')
   mem = results.set_index('id')
-  assert mem.loc['torchtitan-11', 'predicted_mem_gib'] == pytest.approx(
-    mem.loc['torchtitan-10', 'predicted_mem_gib'], rel=1e-12)
-  assert abs(mem.loc['torchtitan-11', 'delta_mem_pct']) < 1
+  extra = mem.loc['torchtitan-11', 'predicted_mem_gib'] - \
+    mem.loc['torchtitan-10', 'predicted_mem_gib']
+  assert 0 <= extra < 1.5
+  assert abs(mem.loc['torchtitan-11', 'delta_mem_pct']) < 3
 
 
 def test_torchao_float8_keeps_sixteen_bit_inputs(suite, results):

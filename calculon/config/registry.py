@@ -43,7 +43,7 @@ SHARDING_NAMES = ('none', 'optimizer', 'gradients', 'parameters')
 ATTENTION_KERNEL_NAMES = ('standard', 'flash')
 PRECISION_RECIPE_NAMES = ('uniform', 'transformer_engine')
 SCALING_NAMES = ('delayed', 'current', 'block')
-CROSS_ENTROPY_NAMES = ('fused', 'unfused', 'compiled')
+CROSS_ENTROPY_NAMES = ('fused', 'unfused', 'compiled', 'eager')
 DISPATCHER_NAMES = ('alltoall', 'allgather', 'deepep')
 MOE_OVERLAP_NAMES = ('none', 'shared_experts', 'compute')
 CHECKPOINT_LAYOUT_NAMES = ('whole', 'as_input')
@@ -399,13 +399,19 @@ EXECUTION = (
        "float32 logits and separate element-wise kernels; 'compiled' "
        'torch.compile of cross_entropy on float32-cast logits (Inductor '
        'keeps the 16-bit logits and per-row max and logsumexp, writes a '
-       '16-bit gradient)',
+       "16-bit gradient); 'eager' PyTorch's cross_entropy on float32-cast "
+       "logits: as 'unfused' at TP 1, and with TP > 1 DTensor's "
+       'loss_parallel decomposition, whose backward holds one more float32 '
+       'logits buffer and moves 24 more bytes a logit)',
        names=CROSS_ENTROPY_NAMES, absent='fused', absent_doc="'fused'",
        source='Megatron-Core --cross-entropy-loss-fusion; Megatron-LM '
        'vocab_parallel_cross_entropy; PyTorch cross_entropy; torchtitan '
        'torchtitan/components/loss.py build_cross_entropy_loss (since '
        'bbb1b616e, 2025-04-02: torch.compile(loss_fn) with '
-       'training.compile)'),
+       'training.compile); torch/distributed/tensor/parallel/loss.py '
+       '_log_softmax and _nll_loss_and_log_softmax_backward (read in '
+       '2.13; measured with 2.11 on an H200, benchmarks/'
+       'gpu_loss_memory.py)'),
   _beh('fused_activation_keeps_input', _BOOL, 'kernels',
        'a fused MLP activation (GeLU, SwiGLU) keeps its input for the '
        'backward pass', absent=False,

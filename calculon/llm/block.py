@@ -11,8 +11,9 @@ order, into per-block, per-microbatch totals.
 import numpy as np
 
 from calculon.config.execution import (
-  CROSS_ENTROPY_COMPILED, CROSS_ENTROPY_UNFUSED, RECOMPUTE_ATTN_ONLY,
-  RECOMPUTE_FULL, RECOMPUTE_MODULES, RECOMPUTE_SELECTIVE, TP_OVERLAP_NONE)
+  CROSS_ENTROPY_COMPILED, CROSS_ENTROPY_EAGER, CROSS_ENTROPY_UNFUSED,
+  RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_MODULES, RECOMPUTE_SELECTIVE,
+  TP_OVERLAP_NONE)
 from calculon.llm.layers import (
   and_flags as _and, flag, negate, where, BatchMatMul, CrossEntropy,
   DropOut, ElementWise, EmbeddingLookup, FlashAttention, Fork, GeLU,
@@ -556,11 +557,14 @@ def build_head(app, exe, ctx, holds_weights=True):
   head.core = False
   layers.append(head)
   kernel = np.asarray(exe.cross_entropy_kernel)
-  unfused = kernel == CROSS_ENTROPY_UNFUSED
+  eager = kernel == CROSS_ENTROPY_EAGER
+  unfused = (kernel == CROSS_ENTROPY_UNFUSED) | eager
   compiled = kernel == CROSS_ENTROPY_COMPILED
   compiled = compiled if np.any(compiled) else False
+  loss_parallel = eager & (tp > 1)
   add(CrossEntropy, 'Head_CrossEntropy', shape.batch_seq * vocab_local,
       unfused=unfused if np.any(unfused) else False, compiled=compiled,
+      loss_parallel=loss_parallel if np.any(loss_parallel) else False,
       activation_reused=compiled)
   return layers
 

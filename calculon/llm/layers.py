@@ -1278,15 +1278,37 @@ class CrossEntropy(Layer):
   the LM head's output gradient, counted by that layer (none of its own).
   Traffic: forward the logits read by the two row reductions (2b),
   backward read once and the gradient written (2b).
+
+  ``loss_parallel`` True (``cross_entropy_kernel`` 'eager' with TP > 1:
+  torchtitan's loss inside ``torch.distributed.tensor.parallel.
+  loss_parallel()``, its default with TP since the context's introduction;
+  torchtitan 9dec370 train.py, ``training.disable_loss_parallel`` False):
+  DTensor runs the loss as its own decomposition
+  (torch/distributed/tensor/parallel/loss.py).  Forward ``_log_softmax``:
+  the cast (b + 4), max (4), ``x - max`` (8), ``exp`` (8), sum (4),
+  ``shifted - logsumexp`` (8), as ``unfused`` counts, but out of place.
+  Backward ``_nll_loss_and_log_softmax_backward``: ``zeros_like(x)`` (4),
+  ``(grad_input + exp(x)) * grad_output`` (exp 8, add 12, multiply 8) and
+  the cast back (4 + b): 32 + b where ``unfused`` moves 8 + b.  While the
+  product is written it holds the saved log-softmax, the zero-filled
+  ``grad_input``, the sum and the product: four float32 logits buffers
+  where PyTorch's own backward holds three (the saved output, the
+  nll_loss gradient and log_softmax's).  Measured on an H200 with PyTorch
+  2.11 (``benchmarks/gpu_loss_memory.py``, 16 x 8,192 x 16,032 logits,
+  Llama 3 70B's per-rank vocabulary at TP 8): backward peaks 3.000 and
+  4.001 float32 logits buffers above the 16-bit logits, eager and
+  loss-parallel; 25.2 and 47.6 ms.  So the layer's gradient working set
+  gains one float32 logits buffer.
   """
 
   def __init__(self, name, ctx, size, unfused=False, compiled=False,
-               **flags):
+               loss_parallel=False, **flags):
     super().__init__(name, ctx, fw_flops=5 * size, agrad_flops=2 * size,
                      inputs=size, outputs=size, activation=size,
                      activation_grads=size, **flags)
     self.unfused = unfused
     self.compiled = compiled
+    self.loss_parallel = loss_parallel
 
   def activation_bytes(self):
     fp32 = self.activation * FP32_BYTES
@@ -1296,6 +1318,8 @@ class CrossEntropy(Layer):
 
   def activation_grad_bytes(self):
     own = super().activation_grad_bytes()
+    if not _is_zero(self.loss_parallel):
+      own = own + where(self.loss_parallel, self.activation * FP32_BYTES, 0.0)
     if _is_zero(self.compiled):
       return own
     return where(self.compiled, 0.0, own)
@@ -1320,8 +1344,11 @@ class CrossEntropy(Layer):
       fused = where(self.compiled, self.inputs * 2.0 * self.bpe, fused)
     if _is_zero(self.unfused):
       return fused
+    backward = 8.0
+    if not _is_zero(self.loss_parallel):
+      backward = where(self.loss_parallel, 32.0, backward)
     return where(self.unfused, self.inputs * (
-      self._cast_bytes() + 8.0), fused)
+      self._cast_bytes() + backward), fused)
 
 
 # -- Mixture-of-Experts -------------------------------------------------------------
