@@ -138,11 +138,17 @@ def test_expert_overlap_needs_interleaving_and_no_full_recompute():
   resolve_execution(app, Execution.from_dict(moe))              # VP 2
   resolve_execution(app, Execution.from_dict(dict(
     moe, pipeline_par=1, data_par=8, pipeline_interleaving=1)))  # PP 1
-  for name in ('megatron-core', 'megatron-core-2025', 'megatron-core-2024'):
-    with pytest.raises(ConfigError, match="'moe_comm_overlap' is not "
-                       'allowed .* needs pipeline_interleaving > 1'):
-      resolve_execution(app, Execution.from_dict(dict(
-        moe, pipeline_interleaving=1, framework=name)))
+  with pytest.raises(ConfigError, match="'moe_comm_overlap' is not "
+                     'allowed .* needs pipeline_interleaving > 1'):
+    resolve_execution(app, Execution.from_dict(dict(
+      moe, pipeline_interleaving=1, framework='megatron-core')))
+  # NeMo's 2024 and 2025 containers predate the overlap (first in
+  # Megatron-Core core_r0.14.0, tagged 2025-10-08): refused at any VP.
+  for name in ('megatron-core-2025', 'megatron-core-2024'):
+    with pytest.raises(ConfigError, match="'moe_comm_overlap' = \"compute\" "
+                       "is not allowed with framework '" + name +
+                       "': it supports none, shared_experts .*core_r0.14.0"):
+      resolve_execution(app, Execution.from_dict(dict(moe, framework=name)))
   with pytest.raises(ConfigError, match='without full recomputation'):
     resolve_execution(app, Execution.from_dict(dict(
       moe, activation_recompute='full', seq_par_ag_redo=False)))
