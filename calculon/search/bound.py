@@ -30,9 +30,9 @@ checks both bounds against priced rates on random cells of the modern
 space (tests/test_bound.py).
 
 The bounds read only public terms of the engine: the block's totals, the
-exposed time the concerns add to every block
-(:attr:`~calculon.llm.terms.evaluation.Evaluation.block_fw_extra_s`,
-``block_bw_extra_s``), blocks x microbatches (``block_microbatches``),
+exposed time the concerns add to every block, term by term
+(:meth:`~calculon.llm.terms.evaluation.Evaluation.concern_terms`, whose
+sums are ``block_fw_extra_s`` and ``block_bw_extra_s``), blocks x microbatches (``block_microbatches``),
 whether gradients are reduced at the batch end (``dp_reduces_at_end``),
 the engine's bubble formula
 (:meth:`~calculon.llm.terms.schedule.ScheduleTerms.bubble_s`), and
@@ -94,17 +94,13 @@ def rate_bound(ev):
                 np.minimum(b.base_agrad_tp_exposed, b.edge_agrad_tp_exposed)
                 + np.minimum(b.base_recomm_exposed, b.edge_recomm_exposed),
                 0)
-  # Exposed CP, FSDP and EP traffic, at its smallest over the axes the
-  # block's compute does not depend on (their tiers, the dispatcher...), so
-  # the bound keeps the block's axes only.
-  extra = np.asarray(ev.block_fw_extra_s + ev.block_bw_extra_s)
-  core = np.shape(fw + bw)
-  if extra.ndim:
-    core = (1,) * (extra.ndim - len(core)) + core
-    free = tuple(i for i in range(extra.ndim)
-                 if extra.shape[i] > 1 and core[i] == 1)
-    if free:
-      extra = extra.min(axis=free, keepdims=True)
+  # Exposed CP, FSDP and EP traffic, each term at its smallest over the
+  # axes the block's compute does not depend on (their tiers, the
+  # dispatcher...), so the bound keeps the block's axes only.  The sum of
+  # the terms' minima is at most the minimum of their sum, so the bound
+  # stays above every rate; reducing the terms one by one never builds
+  # the grid of all their axes together.
+  extra = _smallest_extra(ev, np.shape(fw + bw))
   per_block = fw + bw + extra
   compute = ev.block_microbatches * per_block + np.where(
     train, ev.blocks_per_proc * b.optim_time, 0)
@@ -118,6 +114,29 @@ def rate_bound(ev):
   bubble = ev.bubble_s(per_block, per_block, 0.0, 0.0)
   with np.errstate(divide='ignore', invalid='ignore'):
     return ev.exe.batch_size / (compute + np.maximum(bubble, 0))
+
+
+def _smallest_extra(ev, core):
+  """A lower bound, over the axes a block's compute (shape ``core``) does
+  not depend on, of the exposed time every concern adds to a block's
+  forward and backward (``block_fw_extra_s + block_bw_extra_s``): the sum
+  of each term's minimum over those axes (array broadcastable to
+  ``core``)."""
+  train = ev.training
+  total = 0.0
+  for kind in ('block_fw', 'block_bw'):
+    for term in ev.concern_terms(kind):
+      if kind == 'block_bw' and not (np.ndim(train) == 0 and train):
+        term = np.where(train, term, 0)
+      term = np.asarray(term)
+      if term.ndim:
+        shape = (1,) * (term.ndim - len(core)) + tuple(core)
+        free = tuple(i for i in range(term.ndim)
+                     if term.shape[i] > 1 and shape[i - term.ndim] == 1)
+        if free:
+          term = term.min(axis=free, keepdims=True)
+      total = total + term
+  return total
 
 
 def max_bound(bound):

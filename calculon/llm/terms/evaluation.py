@@ -85,10 +85,14 @@ class Evaluation(*PARTS):
   #: :data:`PARTS`.
   CONCERNS = tuple(vars(p)['CONCERN'] for p in PARTS if 'CONCERN' in vars(p))
 
-  def _sum_terms(self, kind):
-    """0.0 plus the terms of kind ``kind`` ('block_fw', 'block_bw' or
-    'batch') of every concern that applies, in order."""
-    total = 0.0
+  def concern_terms(self, kind):
+    """The terms of kind ``kind`` ('block_fw', 'block_bw' or 'batch') of
+    every concern that applies, in order, each an array (or scalar)
+    broadcastable to ``exe.shape``; scalar zeros are left out.  Their sum
+    is :meth:`_sum_terms`; the search's bound reduces them one by one
+    (:func:`calculon.search.bound.rate_bound`).  ``block_bw`` terms are
+    as the concerns give them, before the training mask of
+    :attr:`block_bw_extra_s`."""
     for concern in self.CONCERNS:
       names = getattr(concern, kind)
       if names and concern.applies(self):
@@ -97,7 +101,14 @@ class Evaluation(*PARTS):
           # A scalar 0 adds nothing (and would cost a pass over the grid).
           if np.ndim(term) == 0 and term == 0:
             continue
-          total = total + term
+          yield term
+
+  def _sum_terms(self, kind):
+    """0.0 plus the terms of kind ``kind`` ('block_fw', 'block_bw' or
+    'batch') of every concern that applies, in order."""
+    total = 0.0
+    for term in self.concern_terms(kind):
+      total = total + term
     return total
 
   @cached_property
