@@ -1281,8 +1281,8 @@ class CrossEntropy(Layer):
 
   ``loss_parallel`` True (``cross_entropy_kernel`` 'eager' with TP > 1:
   torchtitan's loss inside ``torch.distributed.tensor.parallel.
-  loss_parallel()``, its default with TP since the context's introduction;
-  torchtitan 9dec370 train.py, ``training.disable_loss_parallel`` False):
+  loss_parallel()``, its default with TP: torchtitan 9dec370 train.py,
+  ``training.disable_loss_parallel`` False):
   DTensor runs the loss as its own decomposition
   (torch/distributed/tensor/parallel/loss.py).  Forward ``_log_softmax``:
   the cast (b + 4), max (4), ``x - max`` (8), ``exp`` (8), sum (4),
@@ -1297,7 +1297,7 @@ class CrossEntropy(Layer):
   2.11 (``benchmarks/gpu_loss_memory.py``, 16 x 8,192 x 16,032 logits,
   Llama 3 70B's per-rank vocabulary at TP 8): backward peaks 3.000 and
   4.001 float32 logits buffers above the 16-bit logits, eager and
-  loss-parallel; 25.2 and 47.6 ms.  So the layer's gradient working set
+  loss-parallel; 25.2 and 47.4 ms.  So the layer's gradient working set
   gains one float32 logits buffer.
   """
 

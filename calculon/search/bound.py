@@ -32,9 +32,9 @@ space (tests/test_bound.py).
 The bounds read only public terms of the engine: the block's totals, the
 exposed time the concerns add to every block, term by term
 (:meth:`~calculon.llm.terms.evaluation.Evaluation.concern_terms`, whose
-sums are ``block_fw_extra_s`` and ``block_bw_extra_s``), blocks x microbatches (``block_microbatches``),
-whether gradients are reduced at the batch end (``dp_reduces_at_end``),
-the engine's bubble formula
+sums are ``block_fw_extra_s`` and ``block_bw_extra_s``), blocks x
+microbatches (``block_microbatches``), whether gradients are reduced at
+the batch end (``dp_reduces_at_end``), the engine's bubble formula
 (:meth:`~calculon.llm.terms.schedule.ScheduleTerms.bubble_s`), and
 Evaluations that reuse the level-1 totals
 (:meth:`~calculon.llm.terms.blocks.BlockTerms.reusing_totals`).
