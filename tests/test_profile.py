@@ -297,3 +297,31 @@ def test_profile_cuda_without_a_gpu_is_bad_input():
           'needs torch' in res.stderr), res.stderr
   res = run_cli('profile', '--device', 'cuda', '--backend', 'numpy')
   assert res.returncode == 2 and 'needs --backend torch' in res.stderr
+
+
+def test_gpu_loss_benchmark_refuses_without_a_device_or_with_bad_shapes():
+  """benchmarks/gpu_loss_memory.py (the measurement behind
+  cross_entropy_kernel 'eager') exits 2 with one line naming the problem:
+  a malformed --shapes, and here, where no CUDA device is present, the
+  missing device (or torch)."""
+  import subprocess
+  import sys
+  script = repo('benchmarks', 'gpu_loss_memory.py')
+  bad = subprocess.run([sys.executable, script, '--shapes', '2x3'],
+                       capture_output=True, text=True, timeout=120)
+  assert bad.returncode == 2
+  assert bad.stderr.strip() == ('gpu_loss_memory.py: --shapes: 2x3 is not '
+                                'BxSxV with positive integers')
+  try:
+    import torch
+    has_cuda = torch.cuda.is_available()
+  except ImportError:
+    has_cuda = False
+  if has_cuda:
+    pytest.skip('a CUDA device is present')
+  none = subprocess.run([sys.executable, script], capture_output=True,
+                        text=True, timeout=300)
+  assert none.returncode == 2
+  line = none.stderr.strip()
+  assert line in ('gpu_loss_memory.py: no CUDA device',
+                  'gpu_loss_memory.py: torch is not installed'), line
