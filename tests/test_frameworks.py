@@ -181,6 +181,9 @@ def test_frameworks_command():
   assert res.returncode == 0
   assert 'sets (behaviours):' in res.stdout and 'offload:' in res.stdout
   assert 'fsdp_buffer_copies' in res.stdout and 'source:' in res.stdout
+  # A field's source is printed once, not once as the field's and again
+  # as its single case's.
+  assert res.stdout.count('when training.compile is on') == 1
   res = run_cli('frameworks', '--json', 'megatron-core')
   assert json.loads(res.stdout)[0]['name'] == 'megatron-core'
 

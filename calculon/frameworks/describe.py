@@ -98,7 +98,8 @@ def describe(preset, sources=True):
     for name, rule in rules.items():
       lines.append(f'    {name}: {rule_text(rule)}')
       srcs = [rule.source] + [c.source for c in rule.cases]
-      src = '; '.join(s for s in srcs if s)
+      # A field without cases is its own single case: one source, once.
+      src = '; '.join(dict.fromkeys(s for s in srcs if s))
       if sources and src:
         lines.append(f'      source: {src}')
   lines.append(f'  offload: {offload_text(preset)}')
