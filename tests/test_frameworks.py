@@ -319,3 +319,26 @@ def test_top_n_are_distinct_with_margin_and_what_binds():
         100 * (entry['stats']['sample_rate'] / nxt - 1), rel=1e-9)
       assert entry['margin_to_next_pct'] >= 0
   assert out['11']['margin_to_next_pct'] is None
+
+
+def test_nemo_2025_runs_fsdp_with_tp_without_tp_overlap():
+  """NeMo 25.04's performance scripts turn TP communication overlap off
+  with Megatron-FSDP and TP > 1 ("TP overlap performance is poor when
+  FSDP is used because of jitters", scripts/performance/utils.py at
+  v2.3.0; removed in f56c560854 before NeMo 25.07): the megatron-core-2025
+  preset refuses that combination and offers it otherwise; the current
+  Megatron-Core preset keeps it."""
+  app = llama8()
+  fsdp = dict(EXE, data_par_sharding='parameters', tensor_par_overlap='ring',
+              framework='megatron-core-2025')
+  fsdp.pop('optimizer_sharding')
+  with pytest.raises(ConfigError, match="'tensor_par_overlap' = \"ring\" is "
+                     "not allowed with framework 'megatron-core-2025'.*"
+                     'TP overlap performance is poor'):
+    resolve_execution(app, Execution.from_dict(fsdp))
+  resolve_execution(app, Execution.from_dict(dict(
+    fsdp, tensor_par_overlap='none')))
+  resolve_execution(app, Execution.from_dict(dict(
+    EXE, tensor_par_overlap='ring', framework='megatron-core-2025')))
+  resolve_execution(app, Execution.from_dict(dict(
+    fsdp, framework='megatron-core')))
