@@ -342,3 +342,19 @@ def test_nemo_2025_runs_fsdp_with_tp_without_tp_overlap():
     EXE, tensor_par_overlap='ring', framework='megatron-core-2025')))
   resolve_execution(app, Execution.from_dict(dict(
     fsdp, framework='megatron-core')))
+
+
+def test_nemo_2025_gathers_sixteen_bit_parameters_under_fsdp():
+  """NeMo 25.04's performance scripts turn FP8 parameter gathers off under
+  Megatron-FSDP ("Currently FSDP does not support FP8 param gather",
+  scripts/performance/utils.py at v2.3.0): the megatron-core-2025 preset
+  gathers FP8 parameters with the distributed optimizer only."""
+  app = llama8()
+  fp8 = dict(EXE, datatype='float8', precision_recipe='transformer_engine',
+             framework='megatron-core-2025')
+  exe, _ = resolve_execution(app, Execution.from_dict(fp8))
+  assert exe.narrow_param_gather is True
+  fsdp = dict(fp8, data_par_sharding='parameters')
+  fsdp.pop('optimizer_sharding')
+  exe, _ = resolve_execution(app, Execution.from_dict(fsdp))
+  assert exe.narrow_param_gather is False
