@@ -358,3 +358,22 @@ def test_nemo_2025_gathers_sixteen_bit_parameters_under_fsdp():
   fsdp.pop('optimizer_sharding')
   exe, _ = resolve_execution(app, Execution.from_dict(fsdp))
   assert exe.narrow_param_gather is False
+
+
+def test_nemo_2025_accumulates_weight_gradients_separately_under_fsdp():
+  """NeMo 25.04's performance scripts turn gradient accumulation fusion
+  off under Megatron-FSDP (scripts/performance/utils.py at v2.3.0): the
+  megatron-core-2025 preset adds each weight gradient into the buffer in
+  a kernel of its own there, and fuses it elsewhere (absent: 'fused')."""
+  app = llama8()
+  exe, _ = resolve_execution(app, Execution.from_dict(dict(
+    EXE, framework='megatron-core-2025')))
+  assert exe.wgrad_accumulation == 'fused'
+  fsdp = dict(EXE, data_par_sharding='parameters',
+              framework='megatron-core-2025')
+  fsdp.pop('optimizer_sharding')
+  exe, _ = resolve_execution(app, Execution.from_dict(fsdp))
+  assert exe.wgrad_accumulation == 'separate'
+  exe, _ = resolve_execution(app, Execution.from_dict(dict(
+    fsdp, framework='megatron-core')))
+  assert exe.wgrad_accumulation == 'fused'

@@ -993,6 +993,47 @@ def test_eager_cross_entropy_under_loss_parallel():
       assert value(eager.lm_head_time_s) > value(unfused.lm_head_time_s)
 
 
+def test_separate_wgrad_accumulation_hand_count():
+  """wgrad_accumulation 'separate' (Megatron-Core without
+  gradient_accumulation_fusion: the weight-gradient GEMM writes a 16-bit
+  gradient and the DDP hook adds it into the fp32 main gradient): per
+  weight element of every layer with weights, 2 bytes read, 4 read and 4
+  written each microbatch, a separate memory-bound kernel in the
+  weight-gradient stage; nothing else moves.  With a bfloat16 gradient
+  buffer (gradient_datatype), 2 + 2 + 2; under FSDP, which copies the
+  gradient into the kept gradients (Megatron-FSDP main_grad.copy_), 2 + 2
+  (kept in the datatype when gradient_datatype is absent)."""
+  common = dict(data_par=8, batch_size=8, datatype='bfloat16',
+                data_par_sharding='optimizer')
+  fused = evaluation(llama(), system=H100_SXM, **common)
+  separate = evaluation(llama(), system=H100_SXM,
+                        wgrad_accumulation='separate', **common)
+  mem = H100_SXM.mem1
+  extra = 0.0
+  for layer in separate.layers:
+    if value(layer.weight_grads) and value(layer.present):
+      assert value(layer.accumulate_bytes('wgrad')) == \
+        10 * value(layer.weight_grads)
+      extra += value(mem.time_s(10.0 * layer.weight_grads))
+    assert value(layer.accumulate_bytes('fw')) == 0
+  assert extra > 0
+  assert value(separate.block.wgrad_time - fused.block.wgrad_time) == \
+    pytest.approx(extra, rel=1e-9)
+  assert value(separate.block.fw_time) == value(fused.block.fw_time)
+  assert value(separate.mem1_bytes) == value(fused.mem1_bytes)
+  narrow = evaluation(llama(), system=H100_SXM, wgrad_accumulation='separate',
+                      gradient_datatype='bfloat16', **common)
+  qkv = [x for x in narrow.layers if x.weight_grads is not None
+         and value(x.weight_grads)][0]
+  assert value(qkv.accumulate_bytes('wgrad')) == 6 * value(qkv.weight_grads)
+  fsdp = evaluation(llama(), system=H100_SXM, wgrad_accumulation='separate',
+                    data_par=8, batch_size=8, datatype='bfloat16',
+                    data_par_sharding='parameters')
+  qkv = [x for x in fsdp.layers if x.weight_grads is not None
+         and value(x.weight_grads)][0]
+  assert value(qkv.accumulate_bytes('wgrad')) == 4 * value(qkv.weight_grads)
+
+
 def test_compiled_cross_entropy_keeps_sixteen_bit_logits():
   """cross_entropy_kernel 'compiled' (torchtitan since bbb1b616e:
   torch.compile of cross_entropy on float32-cast logits): Inductor keeps

@@ -48,6 +48,8 @@ DISPATCHER_NAMES = ('alltoall', 'allgather', 'deepep')
 MOE_OVERLAP_NAMES = ('none', 'shared_experts', 'compute')
 CHECKPOINT_LAYOUT_NAMES = ('whole', 'as_input')
 OPTIMIZER_TRAFFIC_NAMES = ('state_once', 'fused_adam')
+#: How a weight gradient reaches the gradient buffer (``wgrad_accumulation``).
+WGRAD_ACCUMULATION_NAMES = ('fused', 'separate')
 #: Where the optimizer step runs when the optimizer state is offloaded
 #: (``optimizer_offload_step``): on the device, the state streamed through
 #: it (Calculon), or on the host with a fused (one-pass) or an unfused
@@ -463,6 +465,20 @@ EXECUTION = (
        absent_doc="'state_once': the state read once, 12 bytes (Calculon)",
        source='Megatron-LM MixedPrecisionOptimizer.step; apex '
        'multi_tensor_adam.cu; PyTorch _fused_adamw_'),
+  _beh('wgrad_accumulation', _choice(WGRAD_ACCUMULATION_NAMES), 'kernels',
+       "how a weight gradient reaches the gradient buffer: 'separate' the "
+       'weight-gradient GEMM writes a 16-bit gradient that one more kernel '
+       'adds into the accumulation buffer each microbatch (2 + 2 x its '
+       'width bytes per weight), or under FSDP copies into the kept '
+       'gradients (2 + their width)',
+       names=WGRAD_ACCUMULATION_NAMES, absent='fused',
+       absent_doc="'fused': the GEMM accumulates into the buffer itself "
+       '(Megatron-LM --gradient-accumulation-fusion; Calculon)',
+       source='Megatron-Core gradient_accumulation_fusion '
+       '(megatron/core/tensor_parallel/layers.py '
+       'LinearWithGradAccumulationAndAsyncCommunication: '
+       'fused_weight_gradient_mlp_cuda wgrad_gemm_accum_fp32, else the DDP '
+       "hook's main_grad.add_, Megatron-FSDP's main_grad.copy_)"),
   _beh('optimizer_offload_step', _choice(OPTIMIZER_OFFLOAD_STEP_NAMES),
        'memory',
        'with the optimizer state offloaded: where its step runs. '

@@ -143,6 +143,10 @@ class BlockContext:
       its shard besides the copy into the 16-bit weights (scalar 0:
       Calculon's traffic, :meth:`Layer.optimizer_bytes`; see
       :meth:`Layer.optimizer_traffic_bytes`).
+    wgrad_accumulate_bytes: bytes per weight element of the kernel that
+      adds each microbatch's weight gradient into the gradient buffer
+      (``wgrad_accumulation`` 'separate'; scalar 0: fused into the GEMM,
+      Calculon; see :meth:`Layer.accumulate_bytes`).
   """
 
   def __init__(self, system, dtype, bytes_per_element, optimizer_shards, tp,
@@ -153,9 +157,11 @@ class BlockContext:
                other_weight_bytes=None, expert_optimizer_shards=None,
                expert_grad_shards=None, quantize_bytes=0.0, tp_async=False,
                tp_overlap_rs_dgrad=True, tp_narrow_all_gather=False,
-               narrow_bytes=None, optimizer_pass_bytes=0.0):
+               narrow_bytes=None, optimizer_pass_bytes=0.0,
+               wgrad_accumulate_bytes=0.0):
     self.system = system
     self.optimizer_pass_bytes = optimizer_pass_bytes
+    self.wgrad_accumulate_bytes = wgrad_accumulate_bytes
     self.dtype = dtype
     self.bytes_per_element = bytes_per_element
     self.optimizer_shards = optimizer_shards
@@ -344,10 +350,37 @@ class Layer:
       return 0.0
     return elems * per_elem
 
+  def accumulate_bytes(self, stage):
+    """Bytes moved in ``stage`` 'wgrad' by the kernel that moves the
+    weight gradients the GEMM wrote into the gradient buffer, with
+    ``wgrad_accumulation`` 'separate' (``ctx.wgrad_accumulate_bytes`` per
+    weight element).  Megatron-Core without gradient_accumulation_fusion:
+    the weight-gradient GEMM returns the gradient and a hook adds it,
+    ``param.main_grad.add_(param.grad)`` (the 16-bit gradient read, the
+    buffer read and written: megatron/core/distributed/
+    distributed_data_parallel.py ``_make_backward_post_hook``), or under
+    Megatron-FSDP with sharded gradients copies it,
+    ``param.main_grad.copy_(param.grad)`` (the kept gradient only written:
+    core_v0.12.0 megatron/core/distributed/custom_fsdp/
+    fully_sharded_data_parallel.py ``_grad_acc``); with the fusion,
+    tensor_parallel/layers.py
+    ``LinearWithGradAccumulationAndAsyncCommunication`` accumulates in the
+    GEMM (``wgrad_gemm_accum_fp32``).  Zero otherwise (Calculon)."""
+    per = self.ctx.wgrad_accumulate_bytes
+    if stage != 'wgrad' or _is_zero(per) or _is_zero(self.weight_grads):
+      return 0.0
+    return self.weight_grads * per
+
+  def side_bytes(self, stage):
+    """Bytes of the separate memory-bound kernels of ``stage``: the casts
+    (:meth:`quantize_bytes`) and the gradient accumulation
+    (:meth:`accumulate_bytes`)."""
+    return _plus(self.quantize_bytes(stage), self.accumulate_bytes(stage))
+
   def mem_bytes(self, stage):
     """Bytes moved to/from memory tier 1 in ``stage``: the layer's kernel
-    and its casts (:meth:`quantize_bytes`)."""
-    return _plus(self.kernel_mem_bytes(stage), self.quantize_bytes(stage))
+    and its separate kernels (:meth:`side_bytes`)."""
+    return _plus(self.kernel_mem_bytes(stage), self.side_bytes(stage))
 
   def flops_time_s(self, stage):
     """Compute time of ``stage`` on the matrix (GEMM layers) or vector
@@ -366,27 +399,28 @@ class Layer:
     return self._memo(('kernel_mem_time', stage), lambda: self.ctx.system.
                       mem1.time_s(self.kernel_mem_bytes(stage)))
 
-  def quantize_time_s(self, stage):
-    """Time of the casts of ``stage`` (:meth:`quantize_bytes`), memory
-    bound at tier-1 bandwidth for their size; added to the layer's time
-    as separate kernels."""
+  def side_time_s(self, stage):
+    """Time of the separate kernels of ``stage`` (:meth:`side_bytes`:
+    casts, gradient accumulation), memory bound at tier-1 bandwidth for
+    their size; added to the layer's time."""
     def compute():
-      quantize = self.quantize_bytes(stage)
-      return 0.0 if _is_zero(quantize) else \
-        self.ctx.system.mem1.time_s(quantize)
-    return self._memo(('quantize_time', stage), compute)
+      side = self.side_bytes(stage)
+      return 0.0 if _is_zero(side) else self.ctx.system.mem1.time_s(side)
+    return self._memo(('side_time', stage), compute)
 
   def mem_time_s(self, stage):
-    """Memory time of ``stage``: the kernel's and its casts'."""
-    return _plus(self.kernel_mem_time_s(stage), self.quantize_time_s(stage))
+    """Memory time of ``stage``: the kernel's and its separate
+    kernels'."""
+    return _plus(self.kernel_mem_time_s(stage), self.side_time_s(stage))
 
   def processing_time_s(self, stage):
     """Time of ``stage``: the kernel's compute and memory combined per the
-    system's processing mode (roofline or no overlap), plus its casts."""
+    system's processing mode (roofline or no overlap), plus its separate
+    kernels (casts, gradient accumulation)."""
     return self._memo(('proc', stage), lambda: _plus(
       self.ctx.system.processing_time_s(self.flops_time_s(stage),
                                         self.kernel_mem_time_s(stage)),
-      self.quantize_time_s(stage)))
+      self.side_time_s(stage)))
 
   # -- Communication (only tensor-parallel layers communicate) ----------------
   def comm_bytes(self, stage, edge):
@@ -608,7 +642,7 @@ class LinearOverlapped(Layer):
     return self._memo(('net', stage, edge), compute)
 
   def processing_time_s(self, stage):
-    return _plus(self._tiled(stage)[0], self.quantize_time_s(stage))
+    return _plus(self._tiled(stage)[0], self.side_time_s(stage))
 
   def exposed_time_for_stage_s(self, stage):
     """Exposed communication of ``stage`` (base block) after tiling."""

@@ -33,7 +33,7 @@ import numpy as np
 from calculon.config.execution import (
   DATATYPE_BYTES, DATATYPE_NAMES, OPTIMIZER_TRAFFIC_FUSED_ADAM, RECIPE_TE,
   RECOMPUTE_FULL, SCALING_BLOCK, SCALING_CURRENT, SHARD_GRADIENTS,
-  SHARD_OPTIMIZER, SHARD_PARAMETERS, UNSET)
+  SHARD_OPTIMIZER, SHARD_PARAMETERS, UNSET, WGRAD_ACCUMULATION_SEPARATE)
 from calculon.config.registry import GRADIENT_SHARD_REDUCE_NAMES
 from calculon.llm.block import Shape
 from calculon.llm.layers import (
@@ -216,7 +216,16 @@ class BaseTerms:
       optimizer_pass_bytes=_scalar_if_zero(np.where(
         e.optimizer_traffic == OPTIMIZER_TRAFFIC_FUSED_ADAM,
         FUSED_ADAM_BYTES + np.where(e.datatype == _FP16,
-                                    FP16_UNSCALE_BYTES, 0.0), 0.0)))
+                                    FP16_UNSCALE_BYTES, 0.0), 0.0)),
+      # wgrad_accumulation 'separate': per weight element the GEMM's
+      # 16-bit gradient read, and the accumulation buffer read and written
+      # (DDP's main_grad.add_), or, where FSDP shards the parameters, the
+      # kept gradient written (Megatron-FSDP's main_grad.copy_).
+      wgrad_accumulate_bytes=_scalar_if_zero(np.where(
+        e.wgrad_accumulation == WGRAD_ACCUMULATION_SEPARATE,
+        self.io_bytes + np.where(
+          sharding == SHARD_PARAMETERS, self.grad_bytes,
+          2.0 * np.where(grad_set, self.grad_bytes, FP32_BYTES)), 0.0)))
     self.pp_usage = nets.usage(e.pipeline_par_net)
     self.dp_usage = nets.usage(e.data_par_net)
     self.cp_usage = nets.usage(e.context_par_net)
