@@ -702,13 +702,8 @@ class BlockTotals:
       act = layer.activation_bytes()
       if layer.activation_reused is not True:
         acc['act_working_bytes'].add(act, p, negate(layer.activation_reused))
-      acc['act_storage_bytes'].add(act, p)
+      _add_stored(acc['act_storage_bytes'], layer, act, p, train)
       if train is not False:
-        for kept, size in ((layer.output_stored, layer.output_bytes()),
-                           (layer.activation_stored, act)):
-          dropped = negate(kept)
-          if dropped is not False:
-            acc['act_storage_bytes'].add(-size, p, _and(train, dropped))
         acc['weight_grad_bytes'].add(layer.weight_grad_bytes(), p, train)
         acc['weight_grad_unsharded_bytes'].add(
           layer.weight_grad_bytes(sharded=False), p, train)
@@ -780,19 +775,26 @@ class BlockTotals:
       if te is not False:
         # The part of act_storage_bytes a Transformer Engine module marks
         # for CPU offload, accumulated as act_storage_bytes is.
-        pt = _and(p, te)
-        act = layer.activation_bytes()
-        acc['act_offloadable_bytes'].add(act, pt)
-        if train is not False:
-          for kept, size in ((layer.output_stored, layer.output_bytes()),
-                             (layer.activation_stored, act)):
-            dropped = negate(kept)
-            if dropped is not False:
-              acc['act_offloadable_bytes'].add(-size, pt, _and(train, dropped))
+        _add_stored(acc['act_offloadable_bytes'], layer,
+                    layer.activation_bytes(), _and(p, te), train)
     for name, total in acc.items():
       self.__dict__[name] = total.value
     self.act_offloadable_bytes = np.where(self._recompute_full, 0,
                                           self.act_offloadable_bytes)
+
+
+def _add_stored(total, layer, act, present, train):
+  """Adds to ``total`` (a :class:`_Sum`) what ``layer`` stores for the
+  backward pass: its activation ``act`` (bytes), less, when training, its
+  output and its activation where it does not keep them."""
+  total.add(act, present)
+  if train is False:
+    return
+  for kept, size in ((layer.output_stored, layer.output_bytes()),
+                     (layer.activation_stored, act)):
+    dropped = negate(kept)
+    if dropped is not False:
+      total.add(-size, present, _and(train, dropped))
 
 
 def _max_masked(current, layer, stage, present):

@@ -187,11 +187,12 @@ class BaseTerms:
     grad_set = e.gradient_datatype != UNSET
     self.grad_bytes = np.where(grad_set, _BYTES_TABLE[
       np.maximum(e.gradient_datatype, 0)], self.io_bytes)
+    grad_buffer_bytes = np.where(grad_set, self.grad_bytes, FP32_BYTES)
     self.ctx = BlockContext(
       system, e.datatype, bpe, self.optimizer_shards, self.tp,
       e.tensor_par_net, e.tensor_par_comm_type, e.tensor_par_overlap,
       grad_shards=self.grad_shards, grad_bytes=self.grad_bytes,
-      grad_buffer_bytes=np.where(grad_set, self.grad_bytes, FP32_BYTES),
+      grad_buffer_bytes=grad_buffer_bytes,
       other_dtype=other_dtype, io_bytes=self.io_bytes,
       # torchao keeps the 16-bit input of a narrow linear layer
       # (wide_saved_inputs); Transformer Engine the narrow one.
@@ -223,9 +224,9 @@ class BaseTerms:
       # kept gradient written (Megatron-FSDP's main_grad.copy_).
       wgrad_accumulate_bytes=_scalar_if_zero(np.where(
         e.wgrad_accumulation == WGRAD_ACCUMULATION_SEPARATE,
-        self.io_bytes + np.where(
-          sharding == SHARD_PARAMETERS, self.grad_bytes,
-          2.0 * np.where(grad_set, self.grad_bytes, FP32_BYTES)), 0.0)))
+        self.io_bytes + np.where(sharding == SHARD_PARAMETERS,
+                                 self.grad_bytes, 2.0 * grad_buffer_bytes),
+        0.0)))
     self.pp_usage = nets.usage(e.pipeline_par_net)
     self.dp_usage = nets.usage(e.data_par_net)
     self.cp_usage = nets.usage(e.context_par_net)
