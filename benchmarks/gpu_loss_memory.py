@@ -5,6 +5,7 @@
     python benchmarks/gpu_loss_memory.py [--shapes 2x8192x128256,...]
         [--json FILE]
 
+``--json`` is checked before anything runs and written atomically.
 Needs torch with CUDA (and NCCL, for a one-rank process group).  For each
 logits shape B x S x V (bfloat16, as the LM head writes them) it runs
 torchtitan's loss (torchtitan 9dec370 train.py ``loss_fn``:
@@ -71,8 +72,17 @@ def main(argv=None):
     print(f'gpu_loss_memory.py: --shapes: {err} is not BxSxV with positive '
           'integers', file=sys.stderr)
     return 2
+  here = os.path.dirname(os.path.abspath(__file__))
+  sys.path[:0] = [here, os.path.dirname(here)]
+  from calculon.errors import ConfigError
+  from calculon.outputs import JSON_KINDS, check_output_path, write_text
+  if args.json:
+    try:
+      check_output_path(args.json, JSON_KINDS, option='--json')
+    except ConfigError as err:
+      print(f'gpu_loss_memory.py: {err}', file=sys.stderr)
+      return 2
   os.environ.setdefault('PYTORCH_CUDA_ALLOC_CONF', 'expandable_segments:True')
-  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
   from gpu_attention import cuda_torch
   torch = cuda_torch('gpu_loss_memory.py')
   if torch is None:
@@ -153,9 +163,9 @@ def main(argv=None):
           f"{r['kept']:.3f} | {r['backward_peak']:.3f} | "
           f"{r['reserved_peak']:.3f} | {r['ms']:.1f} |")
   if args.json:
-    with open(args.json, 'w') as f:
-      json.dump(dict(device=torch.cuda.get_device_name(),
-                     torch=torch.__version__, rows=rows), f, indent=1)
+    write_text(args.json, json.dumps(dict(
+      device=torch.cuda.get_device_name(), torch=torch.__version__,
+      rows=rows), indent=1) + '\n')
   return 0
 
 

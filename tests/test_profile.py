@@ -312,6 +312,13 @@ def test_gpu_loss_benchmark_refuses_without_a_device_or_with_bad_shapes():
   assert bad.returncode == 2
   assert bad.stderr.strip() == ('gpu_loss_memory.py: --shapes: 2x3 is not '
                                 'BxSxV with positive integers')
+  # The --json output is checked before anything runs.
+  out = subprocess.run([sys.executable, script, '--json', 'numbers.txt'],
+                       capture_output=True, text=True, timeout=120)
+  assert out.returncode == 2
+  assert out.stderr.strip() == ('gpu_loss_memory.py: --json numbers.txt: '
+                                'unsupported extension: output must be '
+                                '*.json or *.json.gz')
   try:
     import torch
     has_cuda = torch.cuda.is_available()
