@@ -461,3 +461,22 @@ def test_moe_host_floor_in_the_surrogate():
                      'h100_sxm_80g')
   jac = C._data_jacobian([run, drun], ['per_moe_block_s'], C.prior_of(cfg))
   assert jac[0, 0] > 0.1 and jac[1, 0] == 0.0
+
+
+def test_matrix_scale_stops_at_the_measured_matmul_maximum():
+  """Every bundled datasheet file's top matrix step is the measured
+  maximum achievable matmul rate (their notes), which no training GEMM
+  beats: the matrix scale is bounded at 1 even where the efficiency clamp
+  alone would allow 1 / 0.8 = 1.25 (the DGX H100 file's bfloat16 top
+  step).  Other scales keep the clamp's bound; the narrow scale keeps the
+  product of both within the narrow curve's clamp."""
+  top = max(max(e for _, e in d['gflops_efficiency'])
+            for d in H100['matrix'].values())
+  assert top == 0.8
+  assert C.parameter_bounds(H100, 'matrix') == (C.MIN_SCALE, 1.0)
+  assert C.parameter_bounds(H100, 'net0')[1] == pytest.approx(
+    1 / H100['networks'][0]['efficiency'])
+  low = copy.deepcopy(H100)
+  for d in low['matrix'].values():
+    d['gflops_efficiency'] = [[g, e / 2] for g, e in d['gflops_efficiency']]
+  assert C.parameter_bounds(low, 'matrix')[1] == C.MATRIX_SCALE_MAX == 1.0

@@ -1223,6 +1223,58 @@ def test_untiled_rs_dgrad_exposes_the_input_gradient_reduce_scatter():
   assert Execution.from_dict(exe).tensor_par_overlap_rs_dgrad is False
 
 
+def test_tp_overlap_efficiency_runs_between_plain_and_tiled_tp():
+  """tensor_par_overlap_efficiency e places a tiled GEMM's time and its
+  exposed communication at e of the way from the plain TP layers' (the
+  same GEMM run whole, then Megatron's g: its reduce-scatter and that
+  layer's own pass) to Calculon's tiling.  At 0 the row-parallel
+  attention projection costs its GEMM untiled (in the forward pass
+  exactly the plain TP block's 'AttnBlock_MLP') plus what 'AttnBlock_G'
+  costs and exposes; at 1 it is the tiled layer; at 0.5 midway; and the
+  step time grows as e falls."""
+  common = dict(tensor_par=8, tensor_par_net=0, batch_size=1,
+                tensor_par_comm_type='rs_ag')
+  plain = evaluation(llama(), **common)
+  runs = {e: evaluation(llama(), tensor_par_overlap='ring',
+                        tensor_par_overlap_efficiency=e, **common)
+          for e in (0.0, 0.5, 1.0)}
+  tiled = evaluation(llama(), tensor_par_overlap='ring', **common)
+  p = {layer.name: layer for layer in plain.block._layers}
+  layer = {e: {x.name: x for x in ev.block._layers}['AttnBlock_MLP_RS']
+           for e, ev in runs.items()}
+  t = {x.name: x for x in tiled.block._layers}['AttnBlock_MLP_RS']
+  for stage in ('fw', 'agrad'):
+    # The GEMM untiled, as the layer counts its traffic (in the forward
+    # pass the plain block's 'AttnBlock_MLP' exactly).
+    gemm = value(A100.processing_time_s(layer[0.0].flops_time_s(stage),
+                                        layer[0.0].kernel_mem_time_s(stage)))
+    if stage == 'fw':
+      assert gemm == value(p['AttnBlock_MLP'].processing_time_s(stage))
+    comm = p['AttnBlock_G']
+    assert value(layer[0.0].processing_time_s(stage)) == pytest.approx(
+      gemm + value(comm.processing_time_s(stage)), rel=1e-12)
+    assert value(layer[0.0].exposed_time_for_stage_s(stage)) == \
+      pytest.approx(value(comm.net_time_s(stage, False)), rel=1e-12)
+    assert value(layer[1.0].processing_time_s(stage)) == value(
+      t.processing_time_s(stage))
+    assert value(layer[1.0].exposed_time_for_stage_s(stage)) == value(
+      t.exposed_time_for_stage_s(stage))
+    for get in (lambda x: x.processing_time_s(stage),
+                lambda x: x.exposed_time_for_stage_s(stage)):
+      assert value(get(layer[0.5])) == pytest.approx(
+        (value(get(layer[0.0])) + value(get(layer[1.0]))) / 2, rel=1e-12)
+  totals = [value(runs[e].total_time_s) for e in (0.0, 0.5, 1.0)]
+  assert totals[0] > totals[1] > totals[2] == value(tiled.total_time_s)
+  # It qualifies a tiled overlap only.
+  exe = dict(BASE_EXE, num_procs=8, tensor_par=8, batch_size=1,
+             tensor_par_overlap_efficiency=0.5)
+  with pytest.raises(ConfigError,
+                     match='tensor_par_overlap_efficiency.*"ring"'):
+    Execution.from_dict(exe)
+  exe['tensor_par_overlap'] = 'ring'
+  assert Execution.from_dict(exe).tensor_par_overlap_efficiency == 0.5
+
+
 def test_narrow_all_gather_moves_float8_bytes():
   """torchao's float8 tensor-parallel styles, which torchtitan applies
   with float8 and TP (PrepareFloat8ModuleInput, Float8ColwiseParallel,

@@ -344,6 +344,19 @@ EXECUTION = (
        'fuse_matmul_reduce_scatter (one producing matmul only)',
        requires=('tensor_par_overlap', ('ring', 'pipe'),
                  'it qualifies a tiled TP overlap')),
+  _beh('tensor_par_overlap_efficiency', Spec('number', lo=0, hi=1),
+       'communication',
+       'with a tiled TP overlap: the share of what the tiling hides that '
+       "the framework's overlap realizes (each tiled GEMM's time and "
+       'exposed communication lie that far from the untiled ones toward '
+       "the tiled ones)", absent=1.0,
+       absent_doc="1: every tile's transfer behind the neighbouring "
+       "tile's GEMM (Calculon's tiling)",
+       source='measured A/B speedups of the framework\'s overlap '
+       '(validation/tp_overlap_pairs.csv, '
+       'validation/fit_tp_overlap_efficiency.py)',
+       requires=('tensor_par_overlap', ('ring', 'pipe'),
+                 'it qualifies a tiled TP overlap')),
   _beh('tensor_par_narrow_all_gather', _BOOL, 'communication',
        "with 'transformer_engine' and sequence parallelism: the TP "
        'all-gathers feeding narrow GEMMs move the narrow datatype',

@@ -139,6 +139,9 @@ class BlockContext:
       all-reduce) of a column-parallel layer's input gradient is tiled
       too (bool or bool array; false: it runs whole after the input-
       gradient GEMM, exposed; see :class:`LinearOverlapped`).
+    tp_overlap_efficiency: with a tiled TP overlap, the share of the
+      tiling's gain the framework realizes (float or float array, 1:
+      Calculon's tiling; 0: as untiled; see :class:`LinearOverlapped`).
     optimizer_pass_bytes: bytes the optimizer step moves per element of
       its shard besides the copy into the 16-bit weights (scalar 0:
       Calculon's traffic, :meth:`Layer.optimizer_bytes`; see
@@ -156,7 +159,8 @@ class BlockContext:
                linear_act_bytes=None, linear_weight_bytes=None,
                other_weight_bytes=None, expert_optimizer_shards=None,
                expert_grad_shards=None, quantize_bytes=0.0, tp_async=False,
-               tp_overlap_rs_dgrad=True, tp_narrow_all_gather=False,
+               tp_overlap_rs_dgrad=True, tp_overlap_efficiency=1.0,
+               tp_narrow_all_gather=False,
                narrow_bytes=None, optimizer_pass_bytes=0.0,
                wgrad_accumulate_bytes=0.0):
     self.system = system
@@ -191,6 +195,7 @@ class BlockContext:
     self.quantize_bytes = quantize_bytes
     self.tp_async = flag(tp_async)
     self.tp_overlap_rs_dgrad = flag(tp_overlap_rs_dgrad)
+    self.tp_overlap_efficiency = tp_overlap_efficiency
     #: Bytes per element of a TP all-gather feeding a GEMM: the narrow
     #: datatype's where the gather carries the cast input.
     self.tp_gather_bytes = where(flag(tp_narrow_all_gather),
@@ -560,6 +565,11 @@ class LinearOverlapped(Layer):
     tp = ctx.tp
     seq_par = ctx.seq_par
     self.conjugate = conjugate
+    #: The same GEMM's plain TP communication (Megatron's f or g), the
+    #: untiled end of ``ctx.tp_overlap_efficiency``.
+    self.plain_comm = TPComm(name + '_plain', ctx, m * k if conjugate
+                             else m * n, conjugate,
+                             recomm=flags.get('recomm', False))
     if not conjugate:
       k = k // tp
       act = where(seq_par, m * n // tp, m * n)
@@ -676,6 +686,16 @@ class LinearOverlapped(Layer):
       pipe = ctx.tp_overlap == TP_OVERLAP_PIPE
       time = where(pipe, time + net_tile, time)
       exposed = where(pipe, exposed + net_tile, exposed)
+      # A framework's overlap may realize only part of what the tiling
+      # gains (ctx.tp_overlap_efficiency): time and exposure lie that far
+      # from the plain TP layers' (the GEMM and its TPComm) toward the
+      # tiled ones.
+      eff = ctx.tp_overlap_efficiency
+      if not (np.ndim(eff) == 0 and eff == 1.0):
+        plain_time = plain + self.plain_comm.processing_time_s(stage)
+        plain_exposed = self.plain_comm.net_time_s(stage, False)
+        time = plain_time + eff * (time - plain_time)
+        exposed = plain_exposed + eff * (exposed - plain_exposed)
       no_comm = net_time == 0
       time = where(untiled, plain, time)
       exposed = where(untiled, net_time, exposed)

@@ -211,6 +211,7 @@ class BaseTerms:
         0.0)),
       tp_async=e.tensor_par_async_backward,
       tp_overlap_rs_dgrad=e.tensor_par_overlap_rs_dgrad,
+      tp_overlap_efficiency=e.tensor_par_overlap_efficiency,
       tp_narrow_all_gather=e.tensor_par_narrow_all_gather,
       # A framework's Adam step (optimizer_traffic 'fused_adam'); float16
       # unscales the gradients first (loss scaling).
