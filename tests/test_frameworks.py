@@ -381,7 +381,7 @@ def test_nemo_2025_accumulates_weight_gradients_separately_under_fsdp():
 
 def test_torchtitan_async_tp_efficiency_is_the_fit_of_its_own_ab_runs():
   """torchtitan's tensor_par_overlap_efficiency is what
-  validation/fit_tp_overlap_efficiency.py fits to torchtitan's A/B runs
+  validation/fit_overlap_efficiency.py fits to torchtitan's A/B runs
   of PyTorch's async TP outside the published suite
   (validation/tp_overlap_pairs.csv: Llama 3 70B float8 tensorwise
   809.8 -> 942.4 and Llama 3 8B bfloat16 4,378 -> 4,809.4 tokens/s/GPU,
@@ -392,7 +392,7 @@ def test_torchtitan_async_tp_efficiency_is_the_fit_of_its_own_ab_runs():
   import importlib.util
   from calculon.validation.published import Suite
   spec = importlib.util.spec_from_file_location(
-    'fit_tp', repo('validation', 'fit_tp_overlap_efficiency.py'))
+    'fit_tp', repo('validation', 'fit_overlap_efficiency.py'))
   fit_tp = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(fit_tp)
   eff, rows = fit_tp.fit(Suite(ROOT, [repo('validation',
@@ -416,3 +416,4 @@ def test_torchtitan_async_tp_efficiency_is_the_fit_of_its_own_ab_runs():
   exe, _ = resolve_execution(app, Execution.from_dict(
     dict(ring, framework='megatron-core')))
   assert exe.tensor_par_overlap_efficiency == 1.0
+

@@ -34,7 +34,7 @@ EXCEPTIONS = {
   # The preset's value is fitted to its framework's A/B runs: the fit
   # script sets the field on the runs it prices.
   'tensor_par_overlap_efficiency': (
-    'validation/fit_tp_overlap_efficiency.py',),
+    'validation/fit_overlap_efficiency.py',),
 }
 SCANNED = ('calculon', 'validation', 'systems', 'frameworks')
 

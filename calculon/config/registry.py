@@ -354,7 +354,7 @@ EXECUTION = (
        "tile's GEMM (Calculon's tiling)",
        source='measured A/B speedups of the framework\'s overlap '
        '(validation/tp_overlap_pairs.csv, '
-       'validation/fit_tp_overlap_efficiency.py)',
+       'validation/fit_overlap_efficiency.py)',
        requires=('tensor_par_overlap', ('ring', 'pipe'),
                  'it qualifies a tiled TP overlap')),
   _beh('tensor_par_narrow_all_gather', _BOOL, 'communication',

@@ -140,9 +140,9 @@ def _max_eff(curve):
 
 def parameter_bounds(cfg, name, theta=None):
   """(low, high) of parameter ``name`` for system JSON ``cfg``: a scale
-  keeps every efficiency it multiplies <= 1, and the matrix scale is at
-  most :data:`MATRIX_SCALE_MAX` (the files' top step is the measured
-  maximum achievable matmul rate).
+  keeps every efficiency it multiplies <= 1, and the matrix scales (the
+  narrow one times the matrix one) at most :data:`MATRIX_SCALE_MAX` (the
+  files' top step is the measured maximum achievable matmul rate).
 
   Raises:
     ConfigError: a parameter unknown, or a network tier the file lacks.
@@ -160,7 +160,8 @@ def parameter_bounds(cfg, name, theta=None):
                         'has no float8/float4 matrix engine', field='params',
                         value=name)
     top = max(_max_eff(d['gflops_efficiency']) for d in narrow)
-    return MIN_SCALE, 1.0 / (top * min(1.0, theta.get('matrix', 1.0)))
+    matrix = min(1.0, theta.get('matrix', 1.0))
+    return MIN_SCALE, min(1.0 / top, MATRIX_SCALE_MAX) / matrix
   if name == 'vector':
     top = max([_max_eff(d['gflops_efficiency'])
                for d in cfg['vector'].values()] +
