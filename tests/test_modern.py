@@ -814,6 +814,41 @@ def test_rails_apply_to_fsdp_gathers_and_never_slow_a_run():
   assert times[4][0] < times[0][0] / 4          # 8 NICs (latency aside)
 
 
+def test_fsdp_gathers_narrow_linear_weights_with_narrow_param_gather():
+  """torchao's float8 linears with enable_fsdp_float8_all_gather cast each
+  shard to float8 before FSDP2's all-gather (torchao/float8/fsdp_utils.py,
+  fsdp_pre_all_gather), as Megatron-FSDP does with fp8_param_gather: with
+  narrow_param_gather a block's all-gather carries its linear weights in
+  1 byte and its norms in 2 -- the bytes the sharded optimizer's gather
+  carries (DataTerms._param_gather_bytes).  Hand count for a Llama 3 8B
+  block: 218,103,808 linear weights (4096 x (4096 + 2 x 1024) + 4096 x
+  4096 + 3 x 4096 x 14336) and 8,192 norm weights; the gather time is the
+  collective's for those bytes, the reduce-scatter unchanged."""
+  system = _system('h100_sxm_80g')
+  common = dict(tensor_par=1, data_par=16, tensor_par_net=0, data_par_net=1,
+                batch_size=16, datatype='float8',
+                precision_recipe='transformer_engine',
+                data_par_sharding='parameters')
+  wide = evaluation(llama(), system=system, **common)
+  narrow = evaluation(llama(), system=system, narrow_param_gather=True,
+                      **common)
+  linear = 4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336
+  assert linear == 218103808
+  b = narrow.block
+  assert value(b.weight_elems) == linear + 2 * 4096
+  g = narrow._dp_peers_per_domain(16, False)
+  ag = system.networks.collective_time_s(
+    'all_gather', linear * 1 + 2 * 4096 * 2, 16, 1, g)
+  assert value(narrow.block_fsdp_fw_s) == pytest.approx(value(ag), rel=1e-12)
+  ag16 = system.networks.collective_time_s(
+    'all_gather', (linear + 2 * 4096) * 2, 16, 1, g)
+  assert value(wide.block_fsdp_fw_s) == pytest.approx(value(ag16),
+                                                      rel=1e-12)
+  rs = value(wide.block_fsdp_bw_s) - value(wide.block_fsdp_fw_s)
+  assert value(narrow.block_fsdp_bw_s) - value(narrow.block_fsdp_fw_s) == \
+    pytest.approx(rs, rel=1e-12)
+
+
 def test_fsdp_backward_hides_behind_the_recomputed_forward_too():
   """With full recomputation a block's backward starts with its
   recomputed forward; the all-gather prefetched for it and the reduce-

@@ -367,10 +367,13 @@ EXECUTION = (
        requires=('precision_recipe', ('transformer_engine',),
                  'only that recipe has narrow GEMM inputs to gather')),
   _beh('narrow_param_gather', _BOOL, 'communication',
-       "with 'transformer_engine' and a sharded optimizer: the updated "
-       "linear weights are all-gathered in the narrow datatype",
+       "with 'transformer_engine' and a sharded optimizer or FSDP: the "
+       "linear weights are all-gathered in the narrow datatype (the "
+       "optimizer's updated weights, FSDP's per-block gathers)",
        absent=False, absent_doc='false: in 16 bits',
-       source='Megatron-Core --fp8-param-gather',
+       source='Megatron-Core --fp8-param-gather (Megatron-FSDP '
+       'fp8_param_gather); torchao Float8LinearConfig '
+       'enable_fsdp_float8_all_gather (torchao/float8/fsdp_utils.py)',
        requires=('precision_recipe', ('transformer_engine',),
                  'only that recipe has narrow weights to gather')),
   _beh('pipeline_split_counts_vocab', _BOOL, 'schedule',

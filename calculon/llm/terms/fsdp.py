@@ -42,7 +42,8 @@ class FsdpTerms:
 
   def _fsdp_times_s(self, totals):
     """(all-gather, reduce-scatter) seconds of one FSDP unit (``totals``)
-    per microbatch: the 16-bit weights are gathered before its forward and
+    per microbatch: the weights (16-bit; with ``narrow_param_gather`` the
+    linear layers' in the narrow datatype) are gathered before its forward and
     again before its backward, its gradients reduce-scattered after the
     backward (PyTorch FSDP FULL_SHARD; Megatron-FSDP
     ``optim_grads_params``), over the DP x CP ranks on the DP tier.  With
@@ -51,17 +52,24 @@ class FsdpTerms:
     deepspeed/runtime/engine.py allreduce_gradients) only the
     reduce-scatter."""
     net, tier = self.system.networks, self.exe.data_par_net
-    groups = [(totals.weight_elems, self.dpcp, False)]
+    # The weights travel as the sharded optimizer gathers them
+    # (DataTerms._param_gather_bytes): 16-bit, or with narrow_param_gather
+    # the linear layers' narrow (torchao enable_fsdp_float8_all_gather,
+    # Megatron-FSDP fp8_param_gather).
+    groups = [(totals.weight_elems, totals.weight_bytes, self.dpcp, False)]
     if self.app.is_moe:
-      groups = [(totals.weight_elems - totals.expert_weight_elems, self.dpcp,
-                 False), (totals.expert_weight_elems, self.edp, True)]
+      groups = [(totals.weight_elems - totals.expert_weight_elems,
+                 totals.weight_bytes - totals.expert_weight_bytes, self.dpcp,
+                 False), (totals.expert_weight_elems,
+                          totals.expert_weight_bytes, self.edp, True)]
     ag = rs = 0.0
     with np.errstate(divide='ignore', invalid='ignore'):
-      for elems, dp, experts in groups:
+      for elems, kept, dp, experts in groups:
         on = dp > 1
         g = self._dp_peers_per_domain(dp, experts)
         ag = ag + np.where(on, net.collective_time_s(
-          'all_gather', elems * self.io_bytes, dp, tier, g), 0)
+          'all_gather', self._param_gather_bytes(kept, elems), dp, tier,
+          g), 0)
         rs = rs + np.where(on, net.collective_time_s(
           'reduce_scatter', elems * self.grad_bytes, dp, tier, g), 0)
     reduce = (self.fsdp | self.grad_shard_per_microbatch) & self.training
