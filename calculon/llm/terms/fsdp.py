@@ -18,7 +18,8 @@ Reads: ``app``, ``system``, ``exe``, ``fsdp``, ``training``, ``dpcp``,
 (:mod:`~calculon.llm.terms.base`); ``block``
 (:mod:`~calculon.llm.terms.blocks`); ``block_microbatches``
 (:mod:`~calculon.llm.terms.schedule`);
-:meth:`~calculon.llm.terms.data.DataTerms._dp_peers_per_domain`.
+:meth:`~calculon.llm.terms.data.DataTerms._dp_peers_per_domain`,
+:meth:`~calculon.llm.terms.data.DataTerms._param_gather_bytes`.
 """
 
 from functools import cached_property
