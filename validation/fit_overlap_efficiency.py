@@ -45,8 +45,6 @@ FIELDS = {
   'tensor_par_overlap_efficiency': (
     'tensor_par_overlap', 'none', 'validation/tp_overlap_pairs.csv'),
 }
-#: Efficiencies tried (then refined around the best by golden section).
-GRID = [i / 20 for i in range(21)]
 
 
 def pair_name(case):
@@ -104,16 +102,10 @@ def fit(suite, field='tensor_par_overlap_efficiency'):
     return sum(math.log(t_plain / priced_s(suite, over, field, eff) / m) ** 2
                for _, m, t_plain, over in data)
 
-  best = min(GRID, key=loss)
-  lo, hi = max(0.0, best - 0.05), min(1.0, best + 0.05)
-  g = (math.sqrt(5) - 1) / 2
-  for _ in range(20):
-    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
-    if loss(a) < loss(b):
-      hi = b
-    else:
-      lo = a
-  eff = round((lo + hi) / 2, 3)
+  from scipy.optimize import minimize_scalar
+  best = minimize_scalar(loss, bounds=(0.0, 1.0), method='bounded',
+                         options={'xatol': 1e-4})
+  eff = round(float(best.x), 3)
   rows = [(name, m, t_plain / priced_s(suite, over, field, 1.0),
            t_plain / priced_s(suite, over, field, eff))
           for name, m, t_plain, over in data]

@@ -565,11 +565,9 @@ class LinearOverlapped(Layer):
     tp = ctx.tp
     seq_par = ctx.seq_par
     self.conjugate = conjugate
-    #: The same GEMM's plain TP communication (Megatron's f or g), the
-    #: untiled end of ``ctx.tp_overlap_efficiency``.
-    self.plain_comm = TPComm(name + '_plain', ctx, m * k if conjugate
-                             else m * n, conjugate,
-                             recomm=flags.get('recomm', False))
+    # The elements its plain TP communication carries (plain_comm).
+    self._plain_comm_args = (m * k if conjugate else m * n,
+                             flags.get('recomm', False))
     if not conjugate:
       k = k // tp
       act = where(seq_par, m * n // tp, m * n)
@@ -597,6 +595,17 @@ class LinearOverlapped(Layer):
     # Reduce-scatter/all-gather instead of all-reduce: always with sequence
     # parallelism, only on pipeline edges with p2p_rs_ag.
     return self.ctx.seq_par | (self.ctx.p2p & edge)
+
+  @property
+  def plain_comm(self):
+    """The same GEMM's plain TP communication (Megatron's f or g, a
+    :class:`TPComm` outside the block), the untiled end of
+    ``ctx.tp_overlap_efficiency``; built on first use."""
+    def build():
+      size, recomm = self._plain_comm_args
+      return TPComm(self.name + '_plain', self.ctx, size, self.conjugate,
+                    recomm=recomm)
+    return self._memo('plain_comm', build)
 
   def comm_bytes(self, stage, edge):
     def compute():
