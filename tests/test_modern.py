@@ -576,7 +576,7 @@ def test_fused_attention_sequence_factor():
   # A file without a fused-attention efficiency (the GEMMs' rate at 16k)
   # applies the factor too, as its calibration at an attention scale of 1
   # does (calculon/validation/calibrate.py, ScaledSystem).
-  cfg = read_json_file(f'{ROOT}/systems/b300.json')
+  cfg = read_json_file(f'{ROOT}/systems/b300_datasheet.json')
   assert 'fused_attention_efficiency' not in cfg
   for seq in (4096, 16384):
     ev = evaluation(llama(num_blocks=2, seq_size=seq), System(cfg),

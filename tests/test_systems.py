@@ -117,8 +117,8 @@ def test_new_system_describes_itself(name):
 
 # The defaults calibrated to measured runs (validation/make_calibrated.py)
 # and the datasheet-only files they were fitted from.
-CALIBRATED = ('a100_sxm_80g', 'h100_sxm_80g', 'b200', 'gb200_nvl72',
-              'gb300_nvl72')
+CALIBRATED = ('a100_sxm_80g', 'h100_sxm_80g', 'h200_141g', 'b200', 'b300',
+              'gb200_nvl72', 'gb300_nvl72')
 # Calculon's own files, as Calculon ships them (sha256 of each, the same
 # at commit 1cba8f1; a100_40g.json is this project's datasheet file, not
 # one of them).
