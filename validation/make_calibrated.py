@@ -31,7 +31,7 @@ CLUSTERS = {
   'a100_sxm_80g': 'a100_sxm_80g',              # Selene-class DGX A100
   'h100_sxm_80g': 'h100_sxm_80g',              # Eos-class DGX H100
   'h100_96g_power_capped': 'h100_sxm_80g',     # Meta Grand Teton H100
-  'h200_141g': 'h200_141g',                    # DGX H200
+  'h200_141g': 'h200_141g',                    # 8-GPU H200 nodes (torchtitan's)
   'b200': 'b200',
   'b300': 'b300',
   'gb200_nvl72': 'gb200_nvl72',
