@@ -130,7 +130,9 @@ def test_expert_overlap_needs_interleaving_and_no_full_recompute():
   (Megatron-Bridge training/comm_overlap.py at aae82005904,
   megatron/core/transformer/transformer_config.py): refused in a single
   run, and never enumerated by the search."""
-  from calculon.config.execution import MOE_OVERLAP_COMPUTE, RECOMPUTE_FULL
+  from calculon.config.execution import (
+    MOE_OVERLAP_COMPUTE, RECOMPUTE_FULL, RECOMPUTE_SELECTIVE)
+  from calculon.config.registry import RECOMPUTE_MODULE_SETS
   from calculon.search.grid import Chunk, columns, valid_mask
   app = Application.from_dict(load_json(repo('models', 'mixtral-8x7B.json')))
   moe = dict(EXE, expert_par=4, moe_dispatcher='alltoall',
@@ -152,23 +154,44 @@ def test_expert_overlap_needs_interleaving_and_no_full_recompute():
   with pytest.raises(ConfigError, match='without full recomputation'):
     resolve_execution(app, Execution.from_dict(dict(
       moe, activation_recompute='full', seq_par_ag_redo=False)))
+  # Nor with the MoE module among selective recomputation's modules
+  # (transformer_config.py since Megatron-LM 45b8eac955, #3917): 'moe' alone
+  # or with others is refused; the modules beside it are not.
+  for modules in (['moe'], ['layernorm', 'moe']):
+    with pytest.raises(ConfigError, match="'moe_comm_overlap' is not "
+                       'allowed .* without "moe" among the recompute_modules'
+                       '.*45b8eac955'):
+      resolve_execution(app, Execution.from_dict(dict(
+        moe, activation_recompute='selective', recompute_modules=modules)))
+  resolve_execution(app, Execution.from_dict(dict(
+    moe, activation_recompute='selective',
+    recompute_modules=['layernorm', 'moe_act'])))
   system = System(load_json(H100))
-  spec = SearchSpec(app, system, 16, 64, 'bfloat16',
-                    limits={'pp': ((2, 2),), 'tp': ((1, 1),)})
-  seen = 0
-  for g in groups(spec):
-    cols = columns(spec, Chunk(g, ()))
-    ok = np.broadcast_to(valid_mask(cols, spec), g.shape)
-    shape = ok.shape
-    compute = np.broadcast_to(cols.moe_comm_overlap == MOE_OVERLAP_COMPUTE,
-                              shape)
-    vp1 = np.broadcast_to(cols.pipeline_interleaving <= 1, shape)
-    full = np.broadcast_to(cols.activation_recompute == RECOMPUTE_FULL,
-                           shape)
-    seen += int(np.sum(ok & compute))
-    assert not np.any(ok & compute & vp1)
-    assert not np.any(ok & compute & full)
+  moe_only = RECOMPUTE_MODULE_SETS.index('moe')
+  seen = seen_moe_rc = 0
+  for modules in (None, ['moe']):
+    spec = SearchSpec(app, system, 16, 64, 'bfloat16',
+                      limits={'pp': ((2, 2),), 'tp': ((1, 1),)},
+                      recompute_modules=modules)
+    for g in groups(spec):
+      cols = columns(spec, Chunk(g, ()))
+      ok = np.broadcast_to(valid_mask(cols, spec), g.shape)
+      shape = ok.shape
+      compute = np.broadcast_to(
+        cols.moe_comm_overlap == MOE_OVERLAP_COMPUTE, shape)
+      vp1 = np.broadcast_to(cols.pipeline_interleaving <= 1, shape)
+      full = np.broadcast_to(cols.activation_recompute == RECOMPUTE_FULL,
+                             shape)
+      moe_rc = np.broadcast_to(
+        (cols.activation_recompute == RECOMPUTE_SELECTIVE) &
+        (np.asarray(cols.recompute_modules) == moe_only), shape)
+      seen += int(np.sum(ok & compute))
+      seen_moe_rc += int(np.sum(ok & moe_rc))
+      assert not np.any(ok & compute & vp1)
+      assert not np.any(ok & compute & full)
+      assert not np.any(ok & compute & moe_rc)
   assert seen     # the overlap stays searched with interleaving
+  assert seen_moe_rc   # and the MoE module's recomputation without it
 
 
 def test_frameworks_command():

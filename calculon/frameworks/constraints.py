@@ -50,6 +50,18 @@ def _expert_overlap_without_full_recompute(c, app, value):
     c.activation_recompute == RECOMPUTE_FULL)
 
 
+def _expert_overlap_without_moe_recompute(c, app, value):
+  from calculon.config.execution import MOE_OVERLAP_COMPUTE, \
+    RECOMPUTE_SELECTIVE
+  from calculon.config.registry import RECOMPUTE_MODULES
+  # recompute_modules is an index of RECOMPUTE_MODULE_SETS: its bit mask
+  # (one bit per RECOMPUTE_MODULES name) less one.
+  moe_bit = 1 << RECOMPUTE_MODULES.index('moe')
+  mask = np.asarray(c.recompute_modules) + 1
+  return (np.asarray(c.moe_comm_overlap) == MOE_OVERLAP_COMPUTE) & (
+    c.activation_recompute == RECOMPUTE_SELECTIVE) & ((mask & moe_bit) != 0)
+
+
 def _activation_offload_without_pp_or_recompute(c, app, value):
   from calculon.config.execution import RECOMPUTE_NONE
   return np.asarray(c.activations_offload, dtype=bool) & (
@@ -107,6 +119,11 @@ KINDS = {
   'expert_overlap_without_full_recompute': (
     _expert_overlap_without_full_recompute,
     'moe_comm_overlap "compute" only without full recomputation', False,
+    'moe_comm_overlap'),
+  'expert_overlap_without_moe_recompute': (
+    _expert_overlap_without_moe_recompute,
+    'moe_comm_overlap "compute" only without "moe" among the '
+    'recompute_modules of selective recomputation', False,
     'moe_comm_overlap'),
   'interleaved_min_blocks_per_stage': (
     _interleaved_min_blocks_per_stage,
