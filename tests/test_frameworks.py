@@ -194,6 +194,39 @@ def test_expert_overlap_needs_interleaving_and_no_full_recompute():
   assert seen_moe_rc   # and the MoE module's recomputation without it
 
 
+def test_layer_graphs_refuse_activation_offload():
+  """Megatron-Core refuses per-layer CUDA graphs with its activation
+  offload (transformer_config.py: 'CUDA graphs not supported with CPU
+  offloading' unless cuda_graph_impl is full_iteration): a run with both
+  is refused naming the check and its source, the full-iteration graph is
+  not, and a search given per-layer graphs never offloads activations."""
+  from calculon.search.grid import Chunk, columns, valid_mask
+  app = llama8()
+  off = dict(EXE, pipeline_par=1, data_par=8, pipeline_interleaving=1,
+             activations_offload=True)
+  resolve_execution(app, Execution.from_dict(off))
+  resolve_execution(app, Execution.from_dict(dict(
+    off, cuda_graphs='full_iteration')))
+  with pytest.raises(ConfigError, match="'activations_offload' is not "
+                     'allowed .* not with cuda_graphs "layers" .*CUDA '
+                     'graphs not supported with CPU offloading'):
+    resolve_execution(app, Execution.from_dict(dict(off,
+                                                    cuda_graphs='layers')))
+  system = System(load_json(H100))
+  seen = {}
+  for graphs in ('none', 'layers'):
+    spec = SearchSpec(app, system, 8, 64, 'bfloat16',
+                      fields={'cuda_graphs': graphs})
+    seen[graphs] = 0
+    for g in groups(spec):
+      cols = columns(spec, Chunk(g, ()))
+      ok = np.broadcast_to(valid_mask(cols, spec), g.shape)
+      act = np.broadcast_to(np.asarray(cols.activations_offload,
+                                       dtype=bool), ok.shape)
+      seen[graphs] += int(np.sum(ok & act))
+  assert seen['none'] and not seen['layers']
+
+
 def test_frameworks_command():
   res = run_cli('frameworks')
   assert res.returncode == 0, res.stderr

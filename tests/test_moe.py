@@ -304,6 +304,17 @@ def test_host_floor_of_moe_blocks():
     assert value(ev.total_time_s) == pytest.approx(
       value(plain.total_time_s) + want, rel=1e-9)
   assert value(plain.moe_host_time_s) == 0.0
+  # A full-iteration CUDA graph replays the whole forward and backward pass
+  # with one launch (Megatron-Core cuda_graph_impl 'full_iteration'): the
+  # blocks never wait for the host; per-layer graphs keep the floor.
+  floored = System(dict(H100, overhead={'per_moe_block_s': per_mb}))
+  layers = evaluation(app, floored, cuda_graphs='layers', **common)
+  full = evaluation(app, floored, cuda_graphs='full_iteration', **common)
+  assert value(layers.moe_host_time_s) == pytest.approx(
+    (2 * per_mb - per_mb) * nmb, rel=1e-9)
+  assert value(full.moe_host_time_s) == 0.0
+  assert value(full.total_time_s) == pytest.approx(
+    value(plain.total_time_s), rel=1e-12)
   dense = Application.from_dict({k: v for k, v in MIXTRAL.items()
                                  if k not in ('num_experts', 'top_k',
                                               'moe_ffn_hidden')})

@@ -61,6 +61,9 @@ ACTIVATION_OFFLOAD_LAYERS_NAMES = ('all', 'fit')
 #: What of an offloaded block's stored activations crosses to memory tier 2
 #: (``activation_offload_scope``).
 ACTIVATION_OFFLOAD_SCOPE_NAMES = ('block', 'te_marked')
+#: ``cuda_graphs``: which CUDA graphs a run replays instead of launching
+#: its kernels one by one.
+CUDA_GRAPH_NAMES = ('none', 'layers', 'full_iteration')
 #: ``gradient_shard_reduce``: when sharded gradients are reduce-scattered.
 GRADIENT_SHARD_REDUCE_NAMES = ('batch', 'microbatch')
 GRADIENT_DATATYPE_NAMES = ('float32', 'bfloat16', 'float16')
@@ -540,6 +543,22 @@ EXECUTION = (
        'module/linear.py, layernorm_linear.py, layernorm_mlp.py and '
        'attention/dot_product_attention/backends.py outside context '
        'parallelism); v2.10 (c52576053) offloads every saved tensor'),
+  _ex('cuda_graphs', _choice(CUDA_GRAPH_NAMES), 'kernels',
+       "CUDA graphs the run replays: 'layers': per-layer graphs of some "
+       'modules (Megatron-Core cuda_graph_impl transformer_engine or local, '
+       'cuda_graph_modules such as attn, moe_router, moe_preprocess), whose '
+       "share of the MoE blocks' host time is not priced (the MoE host "
+       "floor holds as without graphs); 'full_iteration': one graph of the "
+       'whole forward and backward pass, replayed with one launch, so the '
+       'MoE blocks never wait for the host (no MoE host floor)',
+       names=CUDA_GRAPH_NAMES, absent='none',
+       absent_doc="'none': every kernel launched by the host (the MoE host "
+       'floor of the system file holds)',
+       source='Megatron-Core megatron/core/transformer/transformer_config.py '
+       "cuda_graph_impl ('full_iteration': 1 CUDA graph for the whole "
+       'forward-backward path excluding the optimizer step) and '
+       'cuda_graph_modules (d98e8a64dd); megatron/core/full_cuda_graph.py '
+       'FullCudaGraphWrapper'),
   _beh('gradient_shard_reduce', _choice(GRADIENT_SHARD_REDUCE_NAMES),
        'sharding',
        "with 'gradients' sharding (ZeRO-2): 'microbatch': each block's "

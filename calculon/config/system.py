@@ -204,7 +204,9 @@ class OverheadConfig:
   backward, a floor rather than an addition: a stage whose blocks' GPU
   work per microbatch is shorter than its MoE blocks' host time waits for
   the host (host-bound; Megatron-Core's MoE report, arXiv 2603.07685,
-  names it among MoE's walls and removes it with CUDA graphs).  Absent: 0
+  names it among MoE's walls and removes it with CUDA graphs; an execution
+  replaying a full-iteration graph, ``cuda_graphs`` 'full_iteration', has
+  none).  Absent: 0
   (Calculon).  Usually fitted by ``calculon calibrate``.
   """
   per_step_s: float = 0.0

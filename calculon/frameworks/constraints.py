@@ -74,6 +74,12 @@ def _activation_offload_needs_full_recompute(c, app, value):
     c.activation_recompute != RECOMPUTE_FULL)
 
 
+def _layer_graphs_without_activation_offload(c, app, value):
+  from calculon.config.registry import CUDA_GRAPH_NAMES
+  return np.asarray(c.activations_offload, dtype=bool) & (
+    np.asarray(c.cuda_graphs) == CUDA_GRAPH_NAMES.index('layers'))
+
+
 def _weight_offload_needs_parameter_sharding(c, app, value):
   from calculon.config.execution import SHARD_PARAMETERS
   return np.asarray(c.weight_offload, dtype=bool) & (
@@ -107,6 +113,10 @@ KINDS = {
     _activation_offload_needs_full_recompute,
     'activations offload only of the checkpoints of full recomputation',
     False, 'activations_offload'),
+  'layer_graphs_without_activation_offload': (
+    _layer_graphs_without_activation_offload,
+    'activations offload not with cuda_graphs "layers"', False,
+    'activations_offload'),
   'weight_offload_needs_parameter_sharding': (
     _weight_offload_needs_parameter_sharding,
     'weights offload only with data_par_sharding "parameters"', False,

@@ -423,8 +423,9 @@ class Run:
   AXIS_POINTS along each parameter); nmb (C microbatches); layer (a
   per-layer measurement: no overheads); for the MoE host floor, per
   candidate at the linearization point: gpu_mb (the stage's block GPU
-  time per microbatch, s), moe_blocks (MoE blocks of the stage),
-  bubble_factor (1 + bubble / block GPU time); None without experts.
+  time per microbatch, s), moe_blocks (MoE blocks of the stage whose
+  kernels the host launches one by one), bubble_factor (1 + bubble /
+  block GPU time); None without experts.
   """
   case: object
   system: str
@@ -491,7 +492,7 @@ def linearize(case, cfg, lin, measured_s, system_name):
     with np.errstate(all='ignore'):
       gpu0 = first(ev.fw_time_s + ev.bw_time_s + ev.recompute_time_s)
       gpu_mb = gpu0 / first(ev.num_microbatches)
-      moe_blocks = first(ev.moe_blocks_per_proc)
+      moe_blocks = first(ev.moe_host_blocks_per_proc)
       bubble = 1.0 + np.where(gpu0 > 0, first(ev.bubble_time_s) / gpu0, 0.0)
   return Run(case=case, system=system_name, cfg=cfg, measured_s=measured_s,
              lin=lin, names=names, times=times,

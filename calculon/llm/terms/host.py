@@ -4,11 +4,14 @@ accelerators wait for.
 Provides :class:`HostTerms` and its :data:`~HostTerms.CONCERN` (the batch
 terms ``overhead_time_s`` and ``moe_host_time_s``, where the system has
 either): the fixed overheads per step and per microbatch
-(``overhead_time_s``) and the MoE host floor (``moe_host_time_s``: the
-host's launches of the MoE blocks that the blocks' GPU time does not
+(``overhead_time_s``), the MoE blocks the host launches kernel by kernel
+(``moe_host_blocks_per_proc``: none where the run replays a
+full-iteration CUDA graph) and the MoE host floor (``moe_host_time_s``:
+the host's launches of those blocks that the blocks' GPU time does not
 cover).
 
-Reads: ``app``, ``system`` (:mod:`~calculon.llm.terms.base`);
+Reads: ``app``, ``system``, ``exe`` (``cuda_graphs``)
+(:mod:`~calculon.llm.terms.base`);
 ``moe_blocks_per_proc``, ``fw_time_s``, ``bw_time_s``,
 ``recompute_time_s`` (:mod:`~calculon.llm.terms.blocks`);
 ``num_microbatches``, ``bubble_time_s``
@@ -19,7 +22,11 @@ from functools import cached_property
 
 import numpy as np
 
+from calculon.config.registry import CUDA_GRAPH_NAMES
 from calculon.llm.terms.base import Concern
+
+#: ``cuda_graphs`` code of a full-iteration graph.
+GRAPHS_FULL_ITERATION = CUDA_GRAPH_NAMES.index('full_iteration')
 
 
 class HostTerms:
@@ -46,19 +53,31 @@ class HostTerms:
     return step + self.num_microbatches * self.system.overhead_per_microbatch_s
 
   @cached_property
+  def moe_host_blocks_per_proc(self):
+    """MoE blocks of the busiest stage whose kernels the host launches one
+    by one each microbatch: all of them (``moe_blocks_per_proc``), none
+    where the run replays a full-iteration CUDA graph (``cuda_graphs``
+    'full_iteration': one launch for the whole forward and backward pass,
+    Megatron-Core megatron/core/full_cuda_graph.py)."""
+    return np.where(np.asarray(self.exe.cuda_graphs) == GRAPHS_FULL_ITERATION,
+                    0, self.moe_blocks_per_proc)
+
+  @cached_property
   def moe_host_time_s(self):
     """Time the stage waits for the host (whole batch): per microbatch, its
-    MoE blocks' host time (``overhead.per_moe_block_s`` x MoE blocks of the
-    busiest stage) beyond the GPU time of its blocks (forward, backward and
+    MoE blocks' host time (``overhead.per_moe_block_s`` x
+    :attr:`moe_host_blocks_per_proc`) beyond the GPU time of its blocks (forward, backward and
     recomputation), over every microbatch and the pipeline bubble (which
     the longer microbatch lengthens in proportion).  0 without MoE or
-    without the overhead."""
+    without the overhead, and under a full-iteration CUDA graph; per-layer
+    graphs (``cuda_graphs`` 'layers') keep the floor: the share of a
+    block's launches they remove has no measurement here."""
     host = self.system.overhead_per_moe_block_s
     if not self.app.is_moe or not np.any(host):
       return 0.0
     gpu = self.fw_time_s + self.bw_time_s + self.recompute_time_s
     with np.errstate(divide='ignore', invalid='ignore'):
       per_mb = gpu / self.num_microbatches
-      short = np.maximum(0.0, host * self.moe_blocks_per_proc - per_mb)
+      short = np.maximum(0.0, host * self.moe_host_blocks_per_proc - per_mb)
       bubble = np.where(gpu > 0, self.bubble_time_s / gpu, 0.0)
     return short * self.num_microbatches * (1.0 + bubble)
