@@ -50,6 +50,9 @@ CHECKPOINT_LAYOUT_NAMES = ('whole', 'as_input')
 OPTIMIZER_TRAFFIC_NAMES = ('state_once', 'fused_adam')
 #: How a weight gradient reaches the gradient buffer (``wgrad_accumulation``).
 WGRAD_ACCUMULATION_NAMES = ('fused', 'separate')
+#: ``tiled_gemm_size``: the size at which each tile of a TP-overlapped GEMM
+#: is priced.
+TILED_GEMM_SIZE_NAMES = ('whole', 'tile')
 #: Where the optimizer step runs when the optimizer state is offloaded
 #: (``optimizer_offload_step``): on the device, the state streamed through
 #: it (Calculon), or on the host with a fused (one-pass) or an unfused
@@ -358,6 +361,20 @@ EXECUTION = (
        source='measured A/B speedups of the framework\'s overlap '
        '(validation/tp_overlap_pairs.csv, '
        'validation/fit_overlap_efficiency.py)',
+       requires=('tensor_par_overlap', ('ring', 'pipe'),
+                 'it qualifies a tiled TP overlap')),
+  _beh('tiled_gemm_size', _choice(TILED_GEMM_SIZE_NAMES), 'communication',
+       "with a tiled TP overlap: 'tile': each of the TP tiles of an "
+       'overlapped GEMM is its own GEMM, priced at the matrix efficiency of '
+       "its own size (1/TP of the GEMM's FLOP)", names=TILED_GEMM_SIZE_NAMES,
+       absent='whole',
+       absent_doc="'whole': every tile at the efficiency of the whole GEMM "
+       "(Calculon's tiling)",
+       source='Transformer Engine transformer_engine/common/comm_gemm_overlap/'
+       'comm_gemm_overlap.cpp (d0067d0da): CommOverlapP2PBase::'
+       'split_overlap_ag and split_overlap_rs launch one nvte_cublas_gemm '
+       'per TP chunk of the rows (tp_size chunks; tp_size / 2 aggregated '
+       'pairs with ub aggregate)',
        requires=('tensor_par_overlap', ('ring', 'pipe'),
                  'it qualifies a tiled TP overlap')),
   _beh('tensor_par_narrow_all_gather', _BOOL, 'communication',

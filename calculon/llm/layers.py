@@ -142,6 +142,9 @@ class BlockContext:
     tp_overlap_efficiency: with a tiled TP overlap, the share of the
       tiling's gain the framework realizes (float or float array, 1:
       Calculon's tiling; 0: as untiled; see :class:`LinearOverlapped`).
+    tp_tile_gemms: with a tiled TP overlap, each tile's GEMM priced at the
+      matrix efficiency of its own size (bool or bool array; false: at the
+      whole GEMM's, Calculon; see :class:`LinearOverlapped`).
     optimizer_pass_bytes: bytes the optimizer step moves per element of
       its shard besides the copy into the 16-bit weights (scalar 0:
       Calculon's traffic, :meth:`Layer.optimizer_bytes`; see
@@ -160,7 +163,7 @@ class BlockContext:
                other_weight_bytes=None, expert_optimizer_shards=None,
                expert_grad_shards=None, quantize_bytes=0.0, tp_async=False,
                tp_overlap_rs_dgrad=True, tp_overlap_efficiency=1.0,
-               tp_narrow_all_gather=False,
+               tp_tile_gemms=False, tp_narrow_all_gather=False,
                narrow_bytes=None, optimizer_pass_bytes=0.0,
                wgrad_accumulate_bytes=0.0):
     self.system = system
@@ -196,6 +199,9 @@ class BlockContext:
     self.tp_async = flag(tp_async)
     self.tp_overlap_rs_dgrad = flag(tp_overlap_rs_dgrad)
     self.tp_overlap_efficiency = tp_overlap_efficiency
+    #: Each tile of a TP-overlapped GEMM priced at its own size
+    #: (``tiled_gemm_size`` 'tile'; False: at the whole GEMM's, Calculon).
+    self.tp_tile_gemms = flag(tp_tile_gemms)
     #: Bytes per element of a TP all-gather feeding a GEMM: the narrow
     #: datatype's where the gather carries the cast input.
     self.tp_gather_bytes = where(flag(tp_narrow_all_gather),
@@ -674,17 +680,23 @@ class LinearOverlapped(Layer):
       usage = ctx.tp_usage
       system = ctx.system
       flop_time = self.flops_time_s(stage)
-      flop_slowed = flop_time / (1 - usage)
       mem_time = self.kernel_mem_time_s(stage)
       net_time = self.net_time_s(stage, False)
       plain = system.processing_time_s(flop_time, mem_time)
       if np.ndim(net_time) == 0 and net_time == 0:
         return plain, 0.0
+      # Transformer Engine runs each tile as its own GEMM (tp_tile_gemms):
+      # the tiles' compute at the efficiency of 1/tiles of the FLOP.
+      if np.any(ctx.tp_tile_gemms):
+        flop_time = where(ctx.tp_tile_gemms, self._tile_flops_time_s(stage),
+                          flop_time)
+      flop_slowed = flop_time / (1 - usage)
       untiled = negate(ctx.tp_overlap_rs_dgrad) \
         if stage == 'agrad' and not self.conjugate else False
       slowed = system.processing_time_s(flop_slowed, mem_time)
+      tiled = system.processing_time_s(flop_time, mem_time)
       net_tile = net_time / tiles
-      compute_tile = plain / tiles
+      compute_tile = tiled / tiles
       inflection = net_tile - flop_slowed / tiles
       comm_bound = inflection > 0
       time = where(
@@ -710,6 +722,16 @@ class LinearOverlapped(Layer):
       exposed = where(untiled, net_time, exposed)
       return where(no_comm, plain, time), where(no_comm, 0.0, exposed)
     return self._memo(('tiled', stage), compute)
+
+  def _tile_flops_time_s(self, stage):
+    """Matrix time of ``stage``'s GEMM run as ``tp`` GEMMs of 1/tp of its
+    FLOP each, each at the efficiency of its own size (Transformer Engine
+    comm_gemm_overlap.cpp: one cuBLAS GEMM per TP chunk)."""
+    def compute():
+      tiles = self.ctx.tp
+      return tiles * self.ctx.system.matrix.time_s(
+        self.dtype, self.flops(stage) / tiles)
+    return self._memo(('tile_flops_time', stage), compute)
 
   def exposed_net_time_s(self, stage, edge):
     return self.exposed_time_for_stage_s(stage)

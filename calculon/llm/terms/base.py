@@ -34,12 +34,15 @@ from calculon.config.execution import (
   DATATYPE_BYTES, DATATYPE_NAMES, OPTIMIZER_TRAFFIC_FUSED_ADAM, RECIPE_TE,
   RECOMPUTE_FULL, SCALING_BLOCK, SCALING_CURRENT, SHARD_GRADIENTS,
   SHARD_OPTIMIZER, SHARD_PARAMETERS, UNSET, WGRAD_ACCUMULATION_SEPARATE)
-from calculon.config.registry import GRADIENT_SHARD_REDUCE_NAMES
+from calculon.config.registry import (
+  GRADIENT_SHARD_REDUCE_NAMES, TILED_GEMM_SIZE_NAMES)
 from calculon.llm.block import Shape
 from calculon.llm.layers import (
   BlockContext, FP16_UNSCALE_BYTES, FP32_BYTES, FUSED_ADAM_BYTES)
 from calculon.llm.layers import hidden_behind as _hidden_behind
 
+#: ``tiled_gemm_size`` code of tiles priced at their own size.
+TILED_GEMM_TILE = TILED_GEMM_SIZE_NAMES.index('tile')
 #: ``gradient_shard_reduce`` code of a reduce-scatter every microbatch.
 GRADIENT_REDUCE_MICROBATCH = GRADIENT_SHARD_REDUCE_NAMES.index('microbatch')
 
@@ -212,6 +215,7 @@ class BaseTerms:
       tp_async=e.tensor_par_async_backward,
       tp_overlap_rs_dgrad=e.tensor_par_overlap_rs_dgrad,
       tp_overlap_efficiency=e.tensor_par_overlap_efficiency,
+      tp_tile_gemms=e.tiled_gemm_size == TILED_GEMM_TILE,
       tp_narrow_all_gather=e.tensor_par_narrow_all_gather,
       # A framework's Adam step (optimizer_traffic 'fused_adam'); float16
       # unscales the gradients first (loss scaling).
