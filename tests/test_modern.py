@@ -1606,15 +1606,18 @@ def test_pipeline_warmup_capped_keeps_at_most_every_microbatch():
 
 
 def test_tiled_gemm_size_prices_each_tile_at_its_own_size():
-  """``tiled_gemm_size`` 'tile': Transformer Engine's overlapped TP GEMM is
-  TP GEMMs of 1/TP of the rows each (comm_gemm_overlap.cpp,
-  split_overlap_ag: one nvte_cublas_gemm per chunk), each at the matrix
-  efficiency of its own size.  Llama 3 8B's attention projection at TP 8,
-  one 8,192-token sequence, on the DGX H100 datasheet file: the whole GEMM
-  is 2 x 8192 x 512 x 4096 = 34.4 GFLOP (the file's bfloat16 efficiency
-  0.76 at >= 16 GFLOP), a tile 4.3 GFLOP (0.51 at >= 1 GFLOP): the tiled
-  compute is 8 tiles at 0.51 instead of the whole at 0.76, and the step
-  is slower.  The field qualifies a tiled overlap: refused without one."""
+  """``tiled_gemm_size`` 'tile': Transformer Engine runs an overlapped TP
+  GEMM as chunk GEMMs (comm_gemm_overlap.cpp: one nvte_cublas_gemm per
+  chunk), as many as its default userbuffers configuration splits it into
+  (module/base.py initialize_ub): TP for the ring-exchange all-gathers
+  (qkv_fprop, proj_dgrad), 4 for the pipelined reduce-scatter of the
+  forward (proj_fprop), one for the bulk overlap (qkv_dgrad).  Llama 3
+  8B's attention projection at TP 8, one 8,192-token sequence, on the DGX
+  H100 datasheet file: the whole forward GEMM is 2 x 8192 x 512 x 4096 =
+  34.4 GFLOP (the file's bfloat16 efficiency 0.76 at >= 16 GFLOP), a
+  chunk 8.6 GFLOP (0.51 at >= 1 GFLOP): 4 chunks at 0.51 instead of the
+  whole at 0.76, and the step is slower.  The field qualifies a tiled
+  overlap: refused without one."""
   common = dict(tensor_par=8, tensor_par_net=0, batch_size=1,
                 tensor_par_comm_type='rs_ag', datatype='bfloat16')
   runs = {g: evaluation(llama(), H100_SXM, tensor_par_overlap='ring',
@@ -1628,7 +1631,10 @@ def test_tiled_gemm_size_prices_each_tile_at_its_own_size():
   assert value(layer['whole'].flops_time_s('fw')) == pytest.approx(
     flops / (peak * 0.76))
   assert value(layer['tile']._tile_flops_time_s('fw')) == pytest.approx(
-    8 * (flops / 8) / (peak * 0.51))
+    4 * (flops / 4) / (peak * 0.51))
+  qkv = {x.name: x for x in runs['tile'].block._layers}['AttnBlock_QKV_AG']
+  assert [layer['tile'].gemm_chunks(st) for st in ('fw', 'agrad')] == [4, 8]
+  assert [qkv.gemm_chunks(st) for st in ('fw', 'agrad')] == [8, 1]
   assert value(layer['tile'].processing_time_s('fw')) > \
     value(layer['whole'].processing_time_s('fw'))
   assert value(runs['tile'].total_time_s) > value(runs['whole'].total_time_s)

@@ -364,17 +364,21 @@ EXECUTION = (
        requires=('tensor_par_overlap', ('ring', 'pipe'),
                  'it qualifies a tiled TP overlap')),
   _beh('tiled_gemm_size', _choice(TILED_GEMM_SIZE_NAMES), 'communication',
-       "with a tiled TP overlap: 'tile': each of the TP tiles of an "
-       'overlapped GEMM is its own GEMM, priced at the matrix efficiency of '
-       "its own size (1/TP of the GEMM's FLOP)", names=TILED_GEMM_SIZE_NAMES,
+       "with a tiled TP overlap: 'tile': an overlapped GEMM runs as the "
+       "chunk GEMMs Transformer Engine's userbuffers split it into (TP for "
+       'a ring-exchange all-gather, 4 for the pipelined reduce-scatter of '
+       "a forward pass, one for a bulk overlap), each priced at the matrix "
+       'efficiency of its own size', names=TILED_GEMM_SIZE_NAMES,
        absent='whole',
        absent_doc="'whole': every tile at the efficiency of the whole GEMM "
        "(Calculon's tiling)",
        source='Transformer Engine transformer_engine/common/comm_gemm_overlap/'
        'comm_gemm_overlap.cpp (d0067d0da): CommOverlapP2PBase::'
        'split_overlap_ag and split_overlap_rs launch one nvte_cublas_gemm '
-       'per TP chunk of the rows (tp_size chunks; tp_size / 2 aggregated '
-       'pairs with ub aggregate)',
+       'per chunk of the rows; transformer_engine/pytorch/module/base.py '
+       'initialize_ub: num_splits tp_size (ring_exchange: qkv_fprop, '
+       'fc1_fprop, proj_dgrad, fc2_dgrad), 4 (pipeline: proj_fprop, '
+       'fc2_fprop), bulk for qkv_dgrad and fc1_dgrad',
        requires=('tensor_par_overlap', ('ring', 'pipe'),
                  'it qualifies a tiled TP overlap')),
   _beh('tensor_par_narrow_all_gather', _BOOL, 'communication',

@@ -540,6 +540,12 @@ class Linear(Layer):
                      quantized_grads=m * k, **flags)
 
 
+#: Chunks of Transformer Engine's pipelined reduce-scatter overlap
+#: (``num_splits`` of its default userbuffers configuration for proj_fprop
+#: and fc2_fprop, transformer_engine/pytorch/module/base.py at d0067d0da).
+TE_PIPELINE_SPLITS = 4
+
+
 class LinearOverlapped(Layer):
   """A TP-sharded GEMM whose communication is tiled and overlapped with
   compute (Wang et al. 2022, "Overlap communication with dependent
@@ -685,8 +691,8 @@ class LinearOverlapped(Layer):
       plain = system.processing_time_s(flop_time, mem_time)
       if np.ndim(net_time) == 0 and net_time == 0:
         return plain, 0.0
-      # Transformer Engine runs each tile as its own GEMM (tp_tile_gemms):
-      # the tiles' compute at the efficiency of 1/tiles of the FLOP.
+      # Transformer Engine runs the overlapped GEMM as chunk GEMMs
+      # (tp_tile_gemms): their compute at the efficiency of their own size.
       if np.any(ctx.tp_tile_gemms):
         flop_time = where(ctx.tp_tile_gemms, self._tile_flops_time_s(stage),
                           flop_time)
@@ -723,14 +729,31 @@ class LinearOverlapped(Layer):
       return where(no_comm, plain, time), where(no_comm, 0.0, exposed)
     return self._memo(('tiled', stage), compute)
 
+  def gemm_chunks(self, stage):
+    """GEMMs the overlapped ``stage`` runs as, in Transformer Engine's
+    default userbuffers configuration (transformer_engine/pytorch/module/
+    base.py ``initialize_ub``, d0067d0da): a ring-exchange all-gather, the
+    forward of an all-gathered GEMM (qkv_fprop, fc1_fprop) and the input
+    gradient of a reduce-scattered one (proj_dgrad, fc2_dgrad), one GEMM
+    per TP chunk (``num_splits`` tp_size); the pipelined reduce-scatter of
+    the forward of a reduce-scattered GEMM (proj_fprop, fc2_fprop),
+    :data:`TE_PIPELINE_SPLITS`; the bulk overlap of an all-gathered GEMM's
+    input gradient (qkv_dgrad, fc1_dgrad), the GEMM whole."""
+    if stage == 'fw':
+      return TE_PIPELINE_SPLITS if self.conjugate else self.ctx.tp
+    if stage == 'agrad':
+      return self.ctx.tp if self.conjugate else 1
+    return 1
+
   def _tile_flops_time_s(self, stage):
-    """Matrix time of ``stage``'s GEMM run as ``tp`` GEMMs of 1/tp of its
-    FLOP each, each at the efficiency of its own size (Transformer Engine
-    comm_gemm_overlap.cpp: one cuBLAS GEMM per TP chunk)."""
+    """Matrix time of ``stage``'s GEMM run as :meth:`gemm_chunks` GEMMs of
+    equal FLOP, each at the efficiency of its own size (Transformer Engine
+    comm_gemm_overlap.cpp, ``split_overlap_ag`` and ``split_overlap_rs``:
+    one cuBLAS GEMM per chunk)."""
     def compute():
-      tiles = self.ctx.tp
-      return tiles * self.ctx.system.matrix.time_s(
-        self.dtype, self.flops(stage) / tiles)
+      chunks = self.gemm_chunks(stage)
+      return chunks * self.ctx.system.matrix.time_s(
+        self.dtype, self.flops(stage) / chunks)
     return self._memo(('tile_flops_time', stage), compute)
 
   def exposed_net_time_s(self, stage, edge):
