@@ -81,6 +81,18 @@ MOE_OVERLAP_NONE, MOE_OVERLAP_SHARED, MOE_OVERLAP_COMPUTE = 0, 1, 2
 CHECKPOINT_WHOLE, CHECKPOINT_AS_INPUT = 0, 1
 OPTIMIZER_TRAFFIC_STATE, OPTIMIZER_TRAFFIC_FUSED_ADAM = 0, 1
 WGRAD_ACCUMULATION_FUSED, WGRAD_ACCUMULATION_SEPARATE = 0, 1
+
+def recomputes_module(columns, name):
+  """Bool array: executions of ``columns`` whose selective recomputation
+  recomputes Megatron-Core module ``name`` (one of
+  :data:`RECOMPUTE_MODULES`); a ``recompute_modules`` code c is the bit
+  mask c + 1 of :data:`RECOMPUTE_MODULES`."""
+  bit = RECOMPUTE_MODULES.index(name)
+  on = ((np.asarray(columns.recompute_modules) + 1) >> bit) & 1
+  return np.asarray((columns.activation_recompute == RECOMPUTE_SELECTIVE)
+                    & (on == 1))
+
+
 #: Code of an optional categorical field left out (``attention_type``:
 #: as the application's kv_heads say; ``gradient_datatype``: Calculon's).
 UNSET = -1

@@ -52,14 +52,9 @@ def _expert_overlap_without_full_recompute(c, app, value):
 
 def _expert_overlap_without_moe_recompute(c, app, value):
   from calculon.config.execution import MOE_OVERLAP_COMPUTE, \
-    RECOMPUTE_SELECTIVE
-  from calculon.config.registry import RECOMPUTE_MODULES
-  # recompute_modules is an index of RECOMPUTE_MODULE_SETS: its bit mask
-  # (one bit per RECOMPUTE_MODULES name) less one.
-  moe_bit = 1 << RECOMPUTE_MODULES.index('moe')
-  mask = np.asarray(c.recompute_modules) + 1
-  return (np.asarray(c.moe_comm_overlap) == MOE_OVERLAP_COMPUTE) & (
-    c.activation_recompute == RECOMPUTE_SELECTIVE) & ((mask & moe_bit) != 0)
+    recomputes_module
+  return (np.asarray(c.moe_comm_overlap) == MOE_OVERLAP_COMPUTE) & \
+    recomputes_module(c, 'moe')
 
 
 def _activation_offload_without_pp_or_recompute(c, app, value):

@@ -12,8 +12,8 @@ import numpy as np
 
 from calculon.config.execution import (
   CROSS_ENTROPY_COMPILED, CROSS_ENTROPY_EAGER, CROSS_ENTROPY_UNFUSED,
-  RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_MODULES, RECOMPUTE_SELECTIVE,
-  TP_OVERLAP_NONE)
+  RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_SELECTIVE, TP_OVERLAP_NONE,
+  recomputes_module)
 from calculon.llm.layers import (
   and_flags as _and, flag, negate, where, BatchMatMul, CrossEntropy,
   DropOut, ElementWise, EmbeddingLookup, FlashAttention, Fork, GeLU,
@@ -56,12 +56,9 @@ def _feeds(f, *linears):
 def recomputed_module(exe, name):
   """Whether selective recomputation recomputes Megatron-Core module
   ``name`` (one of :data:`~calculon.config.execution.RECOMPUTE_MODULES`)
-  for executions ``exe`` (bool array): ``recompute_modules`` codes c are
-  the bit masks c + 1."""
-  bit = RECOMPUTE_MODULES.index(name)
-  on = ((np.asarray(exe.recompute_modules) + 1) >> bit) & 1
-  return _mask(np.asarray(
-    (exe.activation_recompute == RECOMPUTE_SELECTIVE) & (on == 1)))
+  for executions ``exe`` (bool array, a Python bool when 0-d;
+  :func:`~calculon.config.execution.recomputes_module`)."""
+  return _mask(recomputes_module(exe, name))
 
 
 class Shape:

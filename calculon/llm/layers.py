@@ -693,14 +693,15 @@ class LinearOverlapped(Layer):
         return plain, 0.0
       # Transformer Engine runs the overlapped GEMM as chunk GEMMs
       # (tp_tile_gemms): their compute at the efficiency of their own size.
+      tiled = plain
       if np.any(ctx.tp_tile_gemms):
         flop_time = where(ctx.tp_tile_gemms, self._tile_flops_time_s(stage),
                           flop_time)
+        tiled = system.processing_time_s(flop_time, mem_time)
       flop_slowed = flop_time / (1 - usage)
       untiled = negate(ctx.tp_overlap_rs_dgrad) \
         if stage == 'agrad' and not self.conjugate else False
       slowed = system.processing_time_s(flop_slowed, mem_time)
-      tiled = system.processing_time_s(flop_time, mem_time)
       net_tile = net_time / tiles
       compute_tile = tiled / tiles
       inflection = net_tile - flop_slowed / tiles
