@@ -332,3 +332,57 @@ def test_gpu_loss_benchmark_refuses_without_a_device_or_with_bad_shapes():
   line = none.stderr.strip()
   assert line in ('gpu_loss_memory.py: no CUDA device',
                   'gpu_loss_memory.py: torch is not installed'), line
+
+
+def test_tp_chunk_gemm_benchmark_prices_te_chunks_and_refuses_bad_input():
+  """benchmarks/gpu_tp_chunk_gemms.py (the one-GPU half of the TP-overlap
+  lead) takes its chunk counts from the engine, which follow Transformer
+  Engine's default userbuffers split (pytorch/module/base.py initialize_ub
+  at d0067d0da): TP chunks for the ring-exchange all-gather GEMMs, 4 for
+  the pipelined reduce-scatter ones; it prices them without a device
+  (--model-only) and refuses a bad option, or a missing device, in one
+  line."""
+  import importlib.util
+  import subprocess
+  import sys
+  script = repo('benchmarks', 'gpu_tp_chunk_gemms.py')
+  spec = importlib.util.spec_from_file_location('gpu_tp_chunk_gemms', script)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  counts = {name.split(' (')[0]: (m, k, n, c)
+            for name, m, k, n, c in mod.chunk_gemms(8, 4096)}
+  assert counts == {
+    # Llama 3 70B per TP-8 rank: q 8192 + k, v 1024 each; gated 28672.
+    'qkv fprop': (4096, 8192, 1280, 8), 'proj fprop': (4096, 1024, 8192, 4),
+    'fc1 fprop': (4096, 8192, 7168, 8), 'fc2 fprop': (4096, 3584, 8192, 4),
+    'proj dgrad': (4096, 8192, 1024, 8), 'fc2 dgrad': (4096, 8192, 3584, 8)}
+  priced = subprocess.run(
+    [sys.executable, script, '--model-only', '--tp', '4', '--dtypes',
+     'float8'], capture_output=True, text=True, timeout=120)
+  assert priced.returncode == 0, priced.stderr
+  lines = [x for x in priced.stdout.splitlines() if x.startswith('| qkv')]
+  assert lines and '| 4096 x 8192 x 2560 | 4 |' in lines[0]
+  for args, message in (
+      (['--tp', '3'], '--tp 3: must divide the 8 key/value heads and split '
+       '--tokens 4096 in 4 equal chunks'),
+      (['--dtypes', 'fp16'], '--dtypes: fp16 is not one of bfloat16, float8'),
+      (['--system', 'nope.json'], '--system nope.json: no such file'),
+      (['--json', 'numbers.txt'], '--json numbers.txt: unsupported '
+       'extension: output must be *.json or *.json.gz')):
+    bad = subprocess.run([sys.executable, script, '--model-only', *args],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == f'gpu_tp_chunk_gemms.py: {message}'
+  try:
+    import torch
+    has_cuda = torch.cuda.is_available()
+  except ImportError:
+    has_cuda = False
+  if has_cuda:
+    pytest.skip('a CUDA device is present')
+  none = subprocess.run([sys.executable, script], capture_output=True,
+                        text=True, timeout=300)
+  assert none.returncode == 2
+  assert none.stderr.strip() in ('gpu_tp_chunk_gemms.py: no CUDA device',
+                                 'gpu_tp_chunk_gemms.py: torch is not '
+                                 'installed')
