@@ -204,13 +204,16 @@ def main(argv=None):
         'ms | ratio | measured whole / chunked ms | ratio |')
   print('|---|---|---|---|---|---|---|---|---|')
   for r in rows:
-    meas = (f"{r['measured_whole_ms']:.3f} / {r['measured_chunked_ms']:.3f} "
-            f"| {r['measured_ratio']:.3f}") if 'measured_ratio' in r \
-      else '- | -'
-    print(f"| {r['gemm']} | {r['tp']} | {r['dtype']} | "
-          f"{r['m']} x {r['k']} x {r['n']} | {r['chunks']} | "
-          f"{r['priced_whole_ms']:.3f} / {r['priced_chunked_ms']:.3f} | "
-          f"{r['priced_ratio']:.3f} | {meas} |")
+    measured = ['-', '-']
+    if 'measured_ratio' in r:
+      measured = [f"{r['measured_whole_ms']:.3f} / "
+                  f"{r['measured_chunked_ms']:.3f}",
+                  f"{r['measured_ratio']:.3f}"]
+    cells = [r['gemm'], r['tp'], r['dtype'], f"{r['m']} x {r['k']} x {r['n']}",
+             r['chunks'], f"{r['priced_whole_ms']:.3f} / "
+             f"{r['priced_chunked_ms']:.3f}", f"{r['priced_ratio']:.3f}",
+             *measured]
+    print('| ' + ' | '.join(str(c) for c in cells) + ' |')
   if args.json:
     write_text(args.json, json.dumps(dict(
       device=device, torch=None if torch is None else torch.__version__,

@@ -319,19 +319,7 @@ def test_gpu_loss_benchmark_refuses_without_a_device_or_with_bad_shapes():
   assert out.stderr.strip() == ('gpu_loss_memory.py: --json numbers.txt: '
                                 'unsupported extension: output must be '
                                 '*.json or *.json.gz')
-  try:
-    import torch
-    has_cuda = torch.cuda.is_available()
-  except ImportError:
-    has_cuda = False
-  if has_cuda:
-    pytest.skip('a CUDA device is present')
-  none = subprocess.run([sys.executable, script], capture_output=True,
-                        text=True, timeout=300)
-  assert none.returncode == 2
-  line = none.stderr.strip()
-  assert line in ('gpu_loss_memory.py: no CUDA device',
-                  'gpu_loss_memory.py: torch is not installed'), line
+  _refuses_without_a_device(script, 'gpu_loss_memory.py')
 
 
 def test_tp_chunk_gemm_benchmark_prices_te_chunks_and_refuses_bad_input():
@@ -373,6 +361,14 @@ def test_tp_chunk_gemm_benchmark_prices_te_chunks_and_refuses_bad_input():
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
     assert bad.stderr.strip() == f'gpu_tp_chunk_gemms.py: {message}'
+  _refuses_without_a_device(script, 'gpu_tp_chunk_gemms.py')
+
+
+def _refuses_without_a_device(script, prog):
+  """Where no CUDA device is present, ``script`` exits 2 with one line
+  naming the missing device (or torch); skips the test on a GPU."""
+  import subprocess
+  import sys
   try:
     import torch
     has_cuda = torch.cuda.is_available()
@@ -383,6 +379,6 @@ def test_tp_chunk_gemm_benchmark_prices_te_chunks_and_refuses_bad_input():
   none = subprocess.run([sys.executable, script], capture_output=True,
                         text=True, timeout=300)
   assert none.returncode == 2
-  assert none.stderr.strip() in ('gpu_tp_chunk_gemms.py: no CUDA device',
-                                 'gpu_tp_chunk_gemms.py: torch is not '
-                                 'installed')
+  assert none.stderr.strip() in (f'{prog}: no CUDA device',
+                                 f'{prog}: torch is not installed'), \
+    none.stderr
