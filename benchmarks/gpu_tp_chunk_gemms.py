@@ -17,7 +17,7 @@ comm_gemm_overlap.cpp at d0067d0da, ``split_overlap_ag``,
 all-gather GEMMs (qkv and fc1 forward, proj and fc2 input gradient), 4 for
 the pipelined reduce-scatter ones (proj and fc2 forward); the bulk overlaps
 (qkv and fc1 input gradient) run whole and are left out.  The counts are
-the engine's own (calculon/llm/layers.py ``LinearOverlapped.gemm_chunks``),
+the engine's own (calculon/llm/layers.py ``te_gemm_chunks``),
 the shapes those of Llama 3 70B (hidden 8192, 64 query and 8 key/value
 heads of 128, feed-forward 28672, gated) at ``--tokens`` tokens a
 microbatch (the layouts' sequence 4096, microbatch 1): M tokens x K x N
@@ -42,7 +42,6 @@ import argparse
 import json
 import os
 import sys
-from types import SimpleNamespace
 
 # Llama 3 70B (Grattafiori et al. 2024, arXiv 2407.21783, Table 3).
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN = 8192, 64, 8, 128, 28672
@@ -64,15 +63,13 @@ def parse_ints(text, option):
 def chunk_gemms(tp, tokens):
   """[(name, M, K, N, chunks)] of one block's overlapped GEMMs at TP
   ``tp``: per rank, M tokens, chunk counts from the engine's
-  ``LinearOverlapped.gemm_chunks`` (its ``conjugate`` flag: a GEMM whose
-  output is reduce-scattered)."""
-  from calculon.llm.layers import LinearOverlapped
+  ``te_gemm_chunks`` (its ``conjugate`` flag: a GEMM whose output is
+  reduce-scattered)."""
+  from calculon.llm.layers import te_gemm_chunks
   q, kv = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
 
   def chunks(conjugate, stage):
-    stand_in = SimpleNamespace(conjugate=conjugate,
-                               ctx=SimpleNamespace(tp=tp))
-    return int(LinearOverlapped.gemm_chunks(stand_in, stage))
+    return int(te_gemm_chunks(conjugate, stage, tp))
 
   return [
     ('qkv fprop (all-gather)', tokens, HIDDEN, (q + 2 * kv) // tp,
@@ -91,13 +88,14 @@ def chunk_gemms(tp, tokens):
 
 
 def priced_ms(system, dtype, m, k, n, chunks):
-  """(whole, chunked) milliseconds the system file's matrix curve gives."""
+  """(whole, chunked) milliseconds the system file's matrix curve gives,
+  the chunks as the engine prices them (``chunked_gemm_time_s``)."""
   from calculon.config.execution import DATATYPE_NAMES
+  from calculon.llm.layers import chunked_gemm_time_s
   code = DATATYPE_NAMES.index(dtype)
   flops = 2.0 * m * k * n
-  whole = system.matrix.time_s(code, flops)
-  return 1e3 * whole, 1e3 * chunks * system.matrix.time_s(code,
-                                                          flops / chunks)
+  return (1e3 * system.matrix.time_s(code, flops),
+          1e3 * chunked_gemm_time_s(system.matrix, code, flops, chunks))
 
 
 def measured_ms(torch, dtype, m, k, n, chunks):

@@ -546,6 +546,34 @@ class Linear(Layer):
 TE_PIPELINE_SPLITS = 4
 
 
+def te_gemm_chunks(conjugate, stage, tp):
+  """GEMMs an overlapped TP GEMM's ``stage`` runs as, in Transformer
+  Engine's default userbuffers configuration (transformer_engine/pytorch/
+  module/base.py ``initialize_ub``, d0067d0da): a ring-exchange all-gather,
+  the forward of an all-gathered GEMM (qkv_fprop, fc1_fprop) and the input
+  gradient of a reduce-scattered one (proj_dgrad, fc2_dgrad), one GEMM per
+  TP chunk (``num_splits`` tp_size); the pipelined reduce-scatter of the
+  forward of a reduce-scattered GEMM (proj_fprop, fc2_fprop),
+  :data:`TE_PIPELINE_SPLITS`; the bulk overlap of an all-gathered GEMM's
+  input gradient (qkv_dgrad, fc1_dgrad), the GEMM whole.  ``conjugate``:
+  the GEMM's output is reduce-scattered; ``tp``: the TP degree (array or
+  scalar)."""
+  if stage == 'fw':
+    return TE_PIPELINE_SPLITS if conjugate else tp
+  if stage == 'agrad':
+    return tp if conjugate else 1
+  return 1
+
+
+def chunked_gemm_time_s(matrix, dtype, flops, chunks):
+  """Seconds of a GEMM of ``flops`` FLOP run as ``chunks`` GEMMs of equal
+  FLOP, each at the efficiency of its own size on ``matrix`` (a
+  :class:`~calculon.hardware.processor.Processor`; Transformer Engine
+  comm_gemm_overlap.cpp, ``split_overlap_ag`` and ``split_overlap_rs``: one
+  cuBLAS GEMM per chunk)."""
+  return chunks * matrix.time_s(dtype, flops / chunks)
+
+
 class LinearOverlapped(Layer):
   """A TP-sharded GEMM whose communication is tiled and overlapped with
   compute (Wang et al. 2022, "Overlap communication with dependent
@@ -731,31 +759,15 @@ class LinearOverlapped(Layer):
     return self._memo(('tiled', stage), compute)
 
   def gemm_chunks(self, stage):
-    """GEMMs the overlapped ``stage`` runs as, in Transformer Engine's
-    default userbuffers configuration (transformer_engine/pytorch/module/
-    base.py ``initialize_ub``, d0067d0da): a ring-exchange all-gather, the
-    forward of an all-gathered GEMM (qkv_fprop, fc1_fprop) and the input
-    gradient of a reduce-scattered one (proj_dgrad, fc2_dgrad), one GEMM
-    per TP chunk (``num_splits`` tp_size); the pipelined reduce-scatter of
-    the forward of a reduce-scattered GEMM (proj_fprop, fc2_fprop),
-    :data:`TE_PIPELINE_SPLITS`; the bulk overlap of an all-gathered GEMM's
-    input gradient (qkv_dgrad, fc1_dgrad), the GEMM whole."""
-    if stage == 'fw':
-      return TE_PIPELINE_SPLITS if self.conjugate else self.ctx.tp
-    if stage == 'agrad':
-      return self.ctx.tp if self.conjugate else 1
-    return 1
+    """GEMMs the overlapped ``stage`` runs as (:func:`te_gemm_chunks`)."""
+    return te_gemm_chunks(self.conjugate, stage, self.ctx.tp)
 
   def _tile_flops_time_s(self, stage):
-    """Matrix time of ``stage``'s GEMM run as :meth:`gemm_chunks` GEMMs of
-    equal FLOP, each at the efficiency of its own size (Transformer Engine
-    comm_gemm_overlap.cpp, ``split_overlap_ag`` and ``split_overlap_rs``:
-    one cuBLAS GEMM per chunk)."""
-    def compute():
-      chunks = self.gemm_chunks(stage)
-      return chunks * self.ctx.system.matrix.time_s(
-        self.dtype, self.flops(stage) / chunks)
-    return self._memo(('tile_flops_time', stage), compute)
+    """Matrix time of ``stage``'s GEMM run as :meth:`gemm_chunks` GEMMs
+    (:func:`chunked_gemm_time_s`)."""
+    return self._memo(('tile_flops_time', stage), lambda: chunked_gemm_time_s(
+      self.ctx.system.matrix, self.dtype, self.flops(stage),
+      self.gemm_chunks(stage)))
 
   def exposed_net_time_s(self, stage, edge):
     return self.exposed_time_for_stage_s(stage)
