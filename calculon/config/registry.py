@@ -120,7 +120,7 @@ class Field:
   Attributes:
     name: JSON key (system sub-fields as a dotted path, e.g.
       ``networks[].rails``).
-    kind: 'application', 'execution' or 'system'.
+    kind: 'application', 'execution', 'system' or 'deployment'.
     spec: :class:`~calculon.config._schema.Spec` of the JSON value.
     names: categorical value names whose index is the engine's integer
       code (execution fields), or None.
@@ -871,6 +871,117 @@ FIELDS = {
   'execution': {f.name: f for f in EXECUTION},
   'system': {f.name: f for f in SYSTEM},
 }
+
+
+def _dep(name, spec, group, doc, **kw):
+  return Field(name, 'deployment', spec, group, doc, **kw)
+
+
+#: Datatypes of a serving deployment's weights, activations and KV cache
+#: (``int4``: 4-bit integer weights with 16-bit activations, AWQ/GPTQ).
+SERVING_DATATYPE_BYTES = {'bfloat16': 2, 'float16': 2, 'float8': 1,
+                          'float4': 0.5, 'int4': 0.5}
+SERVING_FRAMEWORK_NAMES = ('trtllm', 'vllm', 'sglang')
+SERVING_MODE_NAMES = ('aggregated', 'disaggregated')
+_DT = Spec('str', choices=tuple(SERVING_DATATYPE_BYTES))
+_ACT_DT = Spec('str', choices=('bfloat16', 'float16', 'float8', 'float4'))
+_KV_DT = Spec('str', choices=('bfloat16', 'float16', 'float8', 'float4'))
+_POS = Spec('number', lo=0, lo_open=True)
+#: Deployment fields (``calculon serve``): how a model is served.  Fields
+#: left out take the serving framework preset's value
+#: (``frameworks/serving/NAME.json``), else the absent value.
+DEPLOYMENT = (
+  _dep('framework', Spec('str', choices=SERVING_FRAMEWORK_NAMES),
+       'framework', 'serving framework preset whose defaults fill the '
+       'fields left out', absent='trtllm', absent_doc='"trtllm"',
+       source='frameworks/serving/*.json'),
+  _dep('mode', Spec('str', choices=SERVING_MODE_NAMES), 'mode',
+       'aggregated (one pool, continuous batching) or disaggregated '
+       '(prefill and decode workers)', absent='aggregated',
+       source='Zhong et al. 2024, DistServe (OSDI); Patel et al. 2024, '
+       'Splitwise (ISCA)'),
+  _dep('tensor_par', _INT1, 'parallelism', 'tensor parallelism of a '
+       'worker (attention and dense MLP)', absent=1, unit='GPUs'),
+  _dep('pipeline_par', _INT1, 'parallelism', 'pipeline parallelism of a '
+       'worker', absent=1, unit='GPUs'),
+  _dep('expert_par', _INT1, 'parallelism', 'expert parallelism (EP) of '
+       'the MoE layers; EP x expert TP = TP x attention DP', absent=None,
+       absent_doc='TP x attention DP / expert TP'),
+  _dep('expert_tensor_par', _INT1, 'parallelism', 'tensor parallelism '
+       'inside each expert', absent=1),
+  _dep('attention_dp', _INT1, 'parallelism', 'attention data '
+       'parallelism: attention replicas per worker, each with its own '
+       'batch and KV cache (dense models: plain replicas)', absent=1,
+       source='SGLang --enable-dp-attention; TensorRT-LLM '
+       'enable_attention_dp'),
+  _dep('weight_datatype', _DT, 'precision', 'datatype of the weights',
+       absent='bfloat16'),
+  _dep('activation_datatype', _ACT_DT, 'precision', 'datatype the GEMMs '
+       'run in', absent=None, absent_doc='the weight datatype (bfloat16 '
+       'for int4 weights)'),
+  _dep('kv_cache_datatype', _KV_DT, 'precision', 'datatype of the KV '
+       'cache', absent=None, absent_doc='the activation datatype'),
+  _dep('isl', _INT1, 'workload', 'input (prompt) tokens per request',
+       unit='tokens'),
+  _dep('osl', _INT1, 'workload', 'output tokens per request',
+       unit='tokens'),
+  _dep('concurrency', _INT1, 'workload', 'requests in flight (closed '
+       'loop: a user sends the next request when one returns)',
+       absent=None, absent_doc='request_rate, else as many as fit '
+       '(offline max throughput)'),
+  _dep('request_rate', _POS, 'workload', 'Poisson arrival rate (open '
+       'loop)', absent=None, absent_doc='concurrency', unit='requests/s'),
+  _dep('static_batch', _INT1, 'workload', 'a static batch: every '
+       'request starts and ends together (no continuous batching)',
+       absent=None, absent_doc='continuous batching'),
+  _dep('max_num_seqs', _INT1, 'batching', 'most sequences in one '
+       'iteration (vLLM max_num_seqs, TensorRT-LLM max_batch_size, '
+       'SGLang max_running_requests)', absent=None,
+       absent_doc="the framework's", unit='sequences'),
+  _dep('max_num_tokens', _INT1, 'batching', 'most tokens in one '
+       'iteration (vLLM max_num_batched_tokens, TensorRT-LLM '
+       'max_num_tokens, SGLang chunked_prefill_size)', absent=None,
+       absent_doc="the framework's", unit='tokens'),
+  _dep('chunked_prefill', _BOOL, 'batching', 'prompts split in chunks '
+       'that share iterations with decode steps', absent=None,
+       absent_doc="the framework's",
+       source='Agrawal et al. 2024, Sarathi-Serve (OSDI), section 4'),
+  _dep('prefill_chunk', _INT1, 'batching', 'prefill tokens per '
+       'iteration with chunked prefill', absent=None,
+       absent_doc='max_num_tokens', unit='tokens'),
+  _dep('cuda_graphs', _BOOL, 'batching', 'decode steps replayed as CUDA '
+       'graphs (no per-kernel launch cost)', absent=None,
+       absent_doc="the framework's"),
+  _dep('memory_fraction', Spec('number', lo=0, lo_open=True, hi=1),
+       'memory', "the framework's memory fraction (its own meaning: "
+       'TensorRT-LLM of the free memory after the weights, vLLM and '
+       'SGLang of the whole memory)', absent=None,
+       absent_doc="the framework's"),
+  _dep('speculative_tokens', _INT0, 'speculative', 'draft tokens per '
+       'step (speculative decoding or MTP)', absent=0,
+       source='Leviathan et al. 2023, ICML, section 3'),
+  _dep('speculative_accept_rate', Spec('number', lo=0, hi=1, hi_open=True),
+       'speculative', 'probability that a draft token is accepted',
+       absent=0.0, source='Leviathan et al. 2023, ICML, equation 1'),
+  _dep('prefill_workers', _INT1, 'disaggregated', 'prefill workers',
+       absent=1),
+  _dep('decode_workers', _INT1, 'disaggregated', 'decode workers',
+       absent=1),
+  _dep('prefill_tensor_par', _INT1, 'disaggregated', 'TP of a prefill '
+       'worker', absent=None, absent_doc='tensor_par'),
+  _dep('prefill_pipeline_par', _INT1, 'disaggregated', 'PP of a prefill '
+       'worker', absent=None, absent_doc='pipeline_par'),
+  _dep('prefill_expert_par', _INT1, 'disaggregated', 'EP of a prefill '
+       'worker', absent=None, absent_doc='expert_par'),
+  _dep('kv_transfer_net', _INT0, 'disaggregated', 'network tier the KV '
+       'cache crosses from prefill to decode workers', absent=None,
+       absent_doc='tier 0 when both pools fit in one tier-0 domain, else '
+       'tier 1'),
+)
+GROUPS['deployment'] = ('framework', 'mode', 'parallelism', 'precision',
+                        'workload', 'batching', 'memory', 'speculative',
+                        'disaggregated')
+FIELDS['deployment'] = {f.name: f for f in DEPLOYMENT}
 
 
 def field(kind, name):

@@ -1,0 +1,117 @@
+"""Continuous batching's steady state (Orca; Sarathi-Serve).
+
+Iteration-level scheduling (Yu et al. 2022, Orca, OSDI, section 4): every
+iteration runs one decode token of each running sequence and, when
+prompts wait, prefill tokens: whole prompts up to the iteration's token
+budget (``max_num_tokens``), or with chunked prefill chunks of them
+(Agrawal et al. 2024, Sarathi-Serve, OSDI, section 4: 'stall-free'
+batching, prefill chunks co-scheduled with the decodes).  A framework that
+does not mix (SGLang without ``--enable-mixed-chunk``) runs prefill
+iterations alone.
+
+Per iteration, ``q`` prefill tokens cost q x tau (tau: a prompt token's
+share of a prefill pass, :mod:`calculon.serving.prefill`) plus, when
+mixed, the decode step t_dec(C).  Over one cycle of a closed loop (every
+user's request served once, all requests the same length):
+
+* prefill iterations I_p = ceil(C x isl / q), the user's own I_own =
+  ceil(g x isl / q) (requests arrive in groups of g, those that finished
+  together; g = the prompts one iteration takes);
+* iterations I = osl - 1 + I_own (one decode token per iteration);
+* cycle W = I_p x t_mix + max(I - I_p, 0) x t_dec (a prefill-bound cycle
+  when I_p > I);
+* TTFT = I_own x t_mix; TPOT = (W - TTFT) / (osl - 1) (decodes stalled
+  by the other users' prefills, Sarathi-Serve section 3); throughput = C x
+  osl / W.
+
+Open loop at a Poisson rate lambda (:func:`open_loop`): prefill takes a
+share rho = lambda x isl x tau of the GPU, decode iterations stretch to
+t_dec / (1 - rho), a prompt waits an M/D/1 queue rho tau_p / (2 (1 -
+rho)) (Kleinrock 1975, Queueing Systems vol. 1, Pollaczek-Khinchine), and
+the running batch is Little's law's C = lambda x latency (solved by
+fixed-point iteration).
+
+Reads: nothing (arrays in, arrays out).
+"""
+
+import numpy as np
+
+
+def group_size(concurrency, isl, max_num_tokens):
+  """Prompts one iteration takes when they arrive together: floor(budget
+  / isl), between 1 and the concurrency."""
+  return np.clip(np.floor(max_num_tokens / isl), 1, concurrency)
+
+
+def prefill_tokens_per_iteration(concurrency, isl, max_num_tokens, chunked,
+                                 mixed, chunk):
+  """Prefill tokens an iteration takes: with chunked prefill, the chunk
+  (at most the budget), less the running decode tokens when mixed (vLLM's
+  scheduler serves the decodes first; at least 1 token); without, the
+  whole prompts of a group (:func:`group_size`)."""
+  if chunked:
+    budget = np.minimum(max_num_tokens, chunk)
+    left = budget - (np.asarray(concurrency) if mixed else 0)
+    return np.maximum(left, 1.0)
+  return group_size(concurrency, isl, max_num_tokens) * isl
+
+
+def closed_loop(concurrency, isl, osl, t_dec, tau, q, mixed, group):
+  """Steady state of ``concurrency`` users, each sending its next request
+  when one returns (see the module).  Arrays broadcast.
+
+  Args:
+    t_dec: decode step seconds at the running batch.
+    tau: seconds of prefill per prompt token.
+    q: prefill tokens per iteration; group: prompts arriving together.
+
+  Returns:
+    dict of arrays: 'ttft_s', 'tpot_s', 'latency_s' (W), 'requests_per_s',
+    'output_tokens_per_s'.
+  """
+  C = np.asarray(concurrency, float)
+  t_mix = q * tau + (t_dec if mixed else 0.0)
+  i_p = np.ceil(C * isl / q)
+  i_own = np.ceil(group * isl / q)
+  iters = (osl - 1) + i_own
+  W = i_p * t_mix + np.maximum(iters - i_p, 0) * t_dec
+  ttft = i_own * t_mix
+  tpot = np.where(osl > 1, (W - ttft) / np.maximum(osl - 1, 1), 0.0)
+  return {'ttft_s': ttft, 'tpot_s': tpot, 'latency_s': W,
+          'requests_per_s': C / W, 'output_tokens_per_s': C * osl / W}
+
+
+def open_loop(rate, isl, osl, t_dec_of, tau, q, mixed, max_running,
+              iterations=60):
+  """Steady state of Poisson arrivals at ``rate`` requests/s (see the
+  module); ``t_dec_of(C)`` gives the decode step at a running batch C
+  (vectorized).  Returns the dict of :func:`closed_loop` plus
+  'concurrency' and 'overloaded' (rho >= 1 or more running sequences
+  than ``max_running``: the rate exceeds what the deployment serves)."""
+  rate = np.asarray(rate, float)
+  rho = rate * isl * tau
+  stable = rho < 1
+  r = np.minimum(rho, 0.999)
+  C = np.maximum(rate * 0 + 1.0, 1.0)
+  tau_p = isl * tau
+  for _ in range(iterations):
+    t_dec = t_dec_of(np.clip(np.round(C), 1, max_running))
+    tpot = t_dec / (1 - r)
+    own = np.ceil(isl / q) * (q * tau + (t_dec if mixed else 0.0))
+    ttft = np.maximum(own, tau_p) + t_dec / 2 + r * tau_p / (2 * (1 - r))
+    latency = ttft + (osl - 1) * tpot
+    C = 0.5 * C + 0.5 * np.maximum(rate * latency, 1.0)
+  overloaded = ~stable | (C > max_running)
+  return {'ttft_s': ttft, 'tpot_s': np.where(osl > 1, tpot, 0.0),
+          'latency_s': latency, 'requests_per_s': rate,
+          'output_tokens_per_s': rate * osl, 'concurrency': C,
+          'overloaded': overloaded}
+
+
+def static_batch(batch, osl, t_prefill, t_dec):
+  """A static batch (no continuous batching): all prompts prefilled in one
+  pass, then osl - 1 decode steps of the whole batch."""
+  W = t_prefill + (osl - 1) * t_dec
+  return {'ttft_s': t_prefill, 'tpot_s': np.where(osl > 1, t_dec, 0.0),
+          'latency_s': W, 'requests_per_s': batch / W,
+          'output_tokens_per_s': batch * osl / W}

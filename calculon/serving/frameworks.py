@@ -1,0 +1,80 @@
+"""Serving framework presets: ``frameworks/serving/NAME.json``.
+
+Each preset states, with a source at a named version, the defaults a
+deployment's left-out fields take (``defaults``: field -> {value,
+source}), how its memory fraction is meant (``memory_rule``: 'total' --
+vLLM's share of the whole memory for weights, activations and KV cache;
+'free_after_weights' -- TensorRT-LLM's share of the memory left after the
+weights and buffers; 'static' -- SGLang's share of the whole memory for
+weights and KV cache) and its KV block size (``kv_block_tokens``).
+
+Reads: the JSON files only.
+"""
+
+import json
+import os
+
+from calculon.errors import ConfigError
+
+_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+  os.path.abspath(__file__)))), 'frameworks', 'serving')
+
+
+def names():
+  """Names of the serving presets (sorted)."""
+  return sorted(f[:-5] for f in os.listdir(_DIR) if f.endswith('.json'))
+
+
+def load(name, source='<deployment>'):
+  """The preset ``name`` as a dict.
+
+  Raises:
+    ConfigError: no such preset.
+  """
+  path = os.path.join(_DIR, f'{name}.json')
+  if name not in names():
+    allowed = ', '.join(names())
+    raise ConfigError(f"{source}: field 'framework' = \"{name}\" is not "
+                      f'allowed: one of {allowed}', source=source,
+                      field='framework', value=name, allowed=allowed)
+  with open(path, encoding='utf-8') as f:
+    return json.load(f)
+
+
+def default(preset, field, capacity_gib=80.0, tp=1, pp=1, is_a100=False):
+  """The preset's default for deployment field ``field`` on a GPU of
+  ``capacity_gib`` (the GPU-size branches vLLM and SGLang take; see each
+  preset's source), or None when it has none."""
+  entry = preset.get('defaults', {}).get(field)
+  if entry is None:
+    return None
+  value = entry.get('value')
+  name = preset['name']
+  if name == 'vllm' and field in ('max_num_seqs', 'max_num_tokens') and (
+      capacity_gib < 70 or is_a100):
+    value = entry['small_gpu_value']
+  if name == 'sglang' and field == 'max_num_tokens':
+    mem_gb = capacity_gib * 2 ** 30 / 1e9
+    if mem_gb >= 160:
+      value = entry['large_gpu_value']
+    elif mem_gb < 60:
+      value = entry['mid_gpu_value']
+  return value
+
+
+def sglang_memory_fraction(preset, capacity_bytes, chunk_tokens, tp, pp):
+  """SGLang's mem_fraction_static for a GPU of ``capacity_bytes``
+  (python/sglang/srt/server_args.py ``_handle_gpu_memory_settings``):
+  (gpu_mem - reserved) / gpu_mem with reserved (MB) = 512 + 1.5 x
+  max(chunk, 2048) + 2 x cuda_graph_max_bs + 1024 x TP x PP / 8, at least
+  10,240 MB above 60 GB.  Scalars or arrays."""
+  import numpy as np
+  gpu_mb = capacity_bytes / 2 ** 20
+  graph = preset['cuda_graph_max_bs']
+  graph_bs = np.where(np.asarray(tp) < 4, graph['small_tp_value'],
+                      graph['value'])
+  reserved = 512 + 1.5 * np.maximum(chunk_tokens, 2048) + 2 * graph_bs + \
+    1024 * np.asarray(tp) * np.asarray(pp) / 8
+  reserved = np.where(gpu_mb > 60 * 1024, np.maximum(reserved, 10 * 1024),
+                      reserved)
+  return np.round((gpu_mb - reserved) / gpu_mb, 3)
