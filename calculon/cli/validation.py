@@ -29,6 +29,10 @@ Suites (``--suite``):
   step rows, none of them a whole run); ``--datasheet`` on the datasheet
   files.
 * ``all`` -- the three (``--runs`` then applies to the published suite).
+* ``serving`` -- measured serving runs (default:
+  ../shared/measurements/serving_runs.csv; ``--runs`` CSV files in its
+  columns) priced by ``calculon serve`` (:mod:`calculon.validation.serving`);
+  ``--out`` writes serving_results.csv and serving_summary.json; exit 0.
 
 ``--plot DIR`` writes PNG charts, ``--out DIR`` the tables as CSV (and the
 published summary as JSON; with ``--search`` also search_check.csv,
@@ -42,7 +46,7 @@ from calculon import outputs
 from calculon.cli.main import EXIT_OK, positive_int
 
 EXIT_THRESHOLD = 1
-SUITES = ('seqsel', 'published', 'whole-runs', 'all')
+SUITES = ('seqsel', 'published', 'whole-runs', 'all', 'serving')
 
 
 def add_parsers(sp):
@@ -252,7 +256,28 @@ def run(args, log):
     if args.suite == 'all':
       log.info('')
     status = max(status, _whole_runs(args, log, base_dir, say))
+  if args.suite == 'serving':
+    status = max(status, _serving(args, log, base_dir, say))
   return status
+
+
+def _serving(args, log, base_dir, say):
+  from calculon.validation import serving
+  paths = args.runs or [serving.default_runs(base_dir)]
+  rows = serving.read_runs(paths)
+  log.info(f'Measured serving runs ({", ".join(paths)}): predicted vs '
+           'measured; error_pct = 100 x (predicted / measured - 1)')
+  results = serving.run_suite(rows, base_dir, progress=say)
+  log.info(serving.format_report(results, verbose=args.verbose))
+  if args.out:
+    import json
+    outputs.ensure_dir(args.out)
+    outputs.write_text(os.path.join(args.out, 'serving_results.csv'),
+                       serving.results_csv(results))
+    outputs.write_text(os.path.join(args.out, 'serving_summary.json'),
+                       json.dumps(serving.summary(results), indent=2) + '\n')
+    log.info(f"wrote {os.path.join(args.out, 'serving_results.csv')}")
+  return EXIT_OK
 
 
 def _whole_runs(args, log, base_dir, say):

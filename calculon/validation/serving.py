@@ -1,0 +1,356 @@
+"""The serving suite: measured serving runs against ``calculon serve``.
+
+Every row of ``../shared/measurements/serving_runs.csv`` (or ``--runs``
+CSV files in its columns, documented in ``../shared/README.md``) is one
+measured figure of one deployment.  :func:`deployment_of` maps a row to a
+deployment by the conventions below, the same for every source; a row
+whose model, GPU or lengths have no counterpart here is reported
+unpriced with the reason.  :func:`run_suite` prices every row;
+``error_pct`` = 100 x (predicted / measured - 1).
+
+Conventions (what a row leaves unstated):
+
+* model: the bundled application of the same architecture
+  (:data:`MODELS`; Llama 3.1 = Llama 3 shapes, DeepSeek-R1 = DeepSeek-V3);
+* GPU: the datasheet system file (:data:`SYSTEMS`), never a calibrated
+  one;
+* precision: FP4/NVFP4 -> float4 weights and activations, FP8 -> float8,
+  BF16/FP16 as written, 'not recorded' -> bfloat16; the KV cache in the
+  activation datatype unless the notes say an FP8 KV cache;
+* framework: the row's (trtllm, vllm, sglang); unspecified -> trtllm;
+  its preset's defaults for what the notes do not state
+  (``max_num_tokens``, ``max_num_seqs``, memory fraction, chunked
+  prefill); the notes' ``kv_cache_free_gpu_mem_fraction X``,
+  ``gpu-mem-util X``, ``mem_frac X``, ``max-num-seqs N``,
+  ``max_num_tokens N`` are read;
+* workload: 'concurrency=N' a closed loop of N users; 'static batch=B'
+  a static batch; 'request_rate=R' an open loop; 'offline max-throughput',
+  'request_rate=inf' and 'N prompts at request_rate=inf' the offline
+  maximum (as many sequences as the KV cache and max_num_seqs allow);
+  ShareGPT (variable lengths) -> isl 230, osl 200 (:data:`SHAREGPT`:
+  approximate means of the ShareGPT_V3 conversations the benchmark
+  scripts sample, not measured here);
+* parallelism: tp, pp from the row; num_gpus / (tp x pp) replicas, each
+  priced alone and the throughput multiplied; MoE without an EP
+  stated: EP = TP (the experts spread over the worker), with
+  'moe_ep=N, moe_tp=M' in the notes those; 'attention_dp=True' attention
+  DP over the worker;
+* statistic: mean, median or unstated are all compared with the model's
+  steady-state figure (the model has no distribution);
+* metric kind: throughput (total_output_tokens_per_s, output_tokens_per_s:
+  the whole deployment; output_tokens_per_s_per_gpu), TPOT/ITL (tpot_*,
+  itl_*, token_time_ms), TTFT (ttft_*, prompt_time_ms).
+
+Nothing is fitted to the rows: the suite prices with the datasheet files
+and the presets' defaults (see docs/serving.md, 'Accuracy').
+
+Reads: the CSV, the bundled models and systems, :mod:`calculon.serving`.
+"""
+
+import csv
+import math
+import os
+import re
+
+import numpy as np
+
+from calculon.errors import ConfigError
+
+MODELS = {
+  'llama-3.1-70b': 'llama3-70B', 'llama-3-70b': 'llama3-70B',
+  'llama-3.1-8b': 'llama3-8B', 'llama-3-8b': 'llama3-8B',
+  'llama-2-70b': 'llama2-70B', 'llama-2-13b': 'llama2-13B',
+  'llama-2-7b': 'llama2-7B', 'llama-3.1-405b': 'llama3.1-405B',
+  'mixtral-8x7b': 'mixtral-8x7B', 'mixtral-8x22b': 'mixtral-8x22B',
+  'deepseek-r1': 'deepseek-v3', 'deepseek-v3': 'deepseek-v3',
+  'qwen3-235b-a22b': 'qwen3-235B-A22B', 'qwen3-30b-a3b': 'qwen3-30B-A3B',
+  'qwen2.5-72b': 'qwen2.5-72B',
+}
+#: GPU name fragment (lower case, first match wins) -> system file.
+SYSTEMS = (
+  ('gb300', 'gb300_nvl72_datasheet'), ('gb200', 'gb200_nvl72_datasheet'),
+  ('b300', 'b300_datasheet'), ('b200', 'b200_datasheet'),
+  ('h200', 'h200_141g_datasheet'), ('h100', 'h100_sxm_80g_datasheet'),
+  ('a100', 'a100_sxm_80g_datasheet'), ('mi355', 'mi355x'),
+  ('mi300', 'mi300x'),
+)
+#: Approximate mean prompt and output tokens of a ShareGPT benchmark run.
+SHAREGPT = (230, 200)
+KINDS = ('throughput', 'tpot', 'ttft')
+COLUMNS = ('id', 'source', 'model', 'gpu', 'num_gpus', 'tp', 'pp', 'ep',
+           'precision', 'framework', 'isl', 'osl', 'concurrency_or_rate',
+           'metric', 'value', 'notes')
+
+
+def default_runs(base_dir):
+  """../shared/measurements/serving_runs.csv next to the checkout."""
+  return os.path.join(os.path.dirname(base_dir), 'shared', 'measurements',
+                      'serving_runs.csv')
+
+
+def read_runs(paths):
+  """Rows of the CSV files (list of dicts).
+
+  Raises:
+    ConfigError: a missing file or a missing column.
+  """
+  rows = []
+  for path in paths:
+    if not os.path.isfile(path):
+      raise ConfigError(f'{path}: serving runs file not found',
+                        source=path)
+    with open(path, newline='', encoding='utf-8') as f:
+      reader = csv.DictReader(f)
+      missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+      if missing:
+        raise ConfigError(f"{path}: missing column '{missing[0]}' (the "
+                          'serving runs columns: ' + ', '.join(COLUMNS) +
+                          ')', source=path, field=missing[0])
+      rows.extend(reader)
+  return rows
+
+
+def metric_kind(metric):
+  """'throughput', 'tpot' or 'ttft' for a metric name, or None."""
+  m = metric.lower()
+  if m.startswith(('ttft', 'prompt_time')):
+    return 'ttft'
+  if m.startswith(('tpot', 'itl', 'token_time')):
+    return 'tpot'
+  if 'tokens_per_s' in m:
+    return 'throughput'
+  return None
+
+
+def _int(text):
+  try:
+    return int(float(text))
+  except (TypeError, ValueError):
+    return None
+
+
+def _datatypes(precision, notes):
+  p = precision.lower()
+  if 'fp4' in p:
+    w = 'float4'
+  elif 'fp8' in p:
+    w = 'float8'
+  elif 'fp16' in p and 'bf16' not in p:
+    w = 'float16'
+  else:
+    w = 'bfloat16'
+  kv = w if w != 'float4' else 'float8'
+  if re.search(r'fp8 kv', notes, re.I):
+    kv = 'float8'
+  return w, kv
+
+
+def deployment_of(row, base_dir):
+  """(application path, system path, deployment fields, assumptions,
+  replicas, metric kind) for a row, or a str: why it is not priced."""
+  kind = metric_kind(row['metric'])
+  if kind is None:
+    return f"metric '{row['metric']}' is not a serving figure"
+  model = MODELS.get(row['model'].strip().lower())
+  if model is None:
+    return f"no bundled application for model '{row['model']}'"
+  gpu = row['gpu'].lower()
+  system = next((f for k, f in SYSTEMS if k in gpu), None)
+  if system is None:
+    return f"no system file for GPU '{row['gpu']}'"
+  notes = row.get('notes') or ''
+  assumptions = []
+  isl, osl = _int(row['isl']), _int(row['osl'])
+  if isl is None or osl is None:
+    if 'sharegpt' in (row['isl'] + row['osl']).lower():
+      isl, osl = SHAREGPT
+      assumptions.append(f'ShareGPT lengths: isl {isl}, osl {osl}')
+    else:
+      return f"lengths isl '{row['isl']}', osl '{row['osl']}' not known"
+  fw = row['framework'].strip().lower().split()[0] if row['framework'] \
+    else 'trtllm'
+  if fw not in ('trtllm', 'vllm', 'sglang'):
+    assumptions.append(f'framework {row["framework"]!r} priced as trtllm')
+    fw = 'trtllm'
+  w, kv = _datatypes(row['precision'], notes)
+  if 'not recorded' in row['precision'].lower():
+    assumptions.append('precision not recorded: bfloat16')
+  tp = _int(row['tp']) or 1
+  pp = _int(row['pp']) or 1
+  f = {'framework': fw, 'tensor_par': tp, 'pipeline_par': pp,
+       'weight_datatype': w, 'kv_cache_datatype': kv, 'isl': isl,
+       'osl': osl}
+  app_path = os.path.join(base_dir, 'models', f'{model}.json')
+  from calculon import io
+  app = io.load_application(app_path)
+  adp = 1
+  if app.is_moe:
+    m_ep = re.search(r'moe_ep=(\d+)', notes)
+    m_tp = re.search(r'moe_tp=(\d+)', notes)
+    if re.search(r'attention_dp=true', notes, re.I):
+      adp = tp
+      f['tensor_par'] = 1
+      f['attention_dp'] = adp
+    ep = int(m_ep.group(1)) if m_ep else (_int(row['ep']) or tp)
+    etp = int(m_tp.group(1)) if m_tp else max(1, tp // ep)
+    f['expert_par'], f['expert_tensor_par'] = ep, etp
+    if not m_ep and not row['ep']:
+      assumptions.append(f'EP not stated: EP {ep}')
+  for pattern, field, conv in (
+      (r'kv_cache_free_gpu_mem_fraction (0\.\d+)', 'memory_fraction', float),
+      (r'gpu-mem-util (0\.\d+)', 'memory_fraction', float),
+      (r'mem_frac (0\.\d+)', 'memory_fraction', float),
+      (r'max-num-seqs (\d+)', 'max_num_seqs', int),
+      (r'max_num_tokens[ =](\d+)', 'max_num_tokens', int)):
+    m = re.search(pattern, notes, re.I)
+    if m and field not in f:
+      f[field] = conv(m.group(1))
+  load = row['concurrency_or_rate'].strip().lower()
+  m_conc = re.match(r'concurrency=(\d+)', load)
+  m_static = re.match(r'static batch=(\d+)', load)
+  m_rate = re.match(r'request_rate=([\d.]+)', load)
+  if m_conc:
+    f['concurrency'] = int(m_conc.group(1))
+  elif m_static:
+    f['static_batch'] = int(m_static.group(1))
+  elif m_rate:
+    f['request_rate'] = float(m_rate.group(1))
+  elif 'inf' in load or 'offline' in load:
+    assumptions.append('offline: as many sequences as the KV cache and '
+                       'max_num_seqs hold')
+  else:
+    return f"load '{row['concurrency_or_rate']}' not understood"
+  gpus = _int(row['num_gpus']) or tp * pp
+  replicas = max(1, gpus // (tp * pp))
+  if replicas > 1:
+    assumptions.append(f'{replicas} replicas of TP {tp} x PP {pp}')
+  return (app_path, os.path.join(base_dir, 'systems', f'{system}.json'), f,
+          assumptions, replicas, kind)
+
+
+def predicted(res, row, kind, replicas):
+  """The model's figure for the row's metric."""
+  m = row['metric'].lower()
+  if kind == 'ttft':
+    return float(np.ravel(res['ttft_ms'])[0])
+  if kind == 'tpot':
+    return float(np.ravel(res['tpot_ms'])[0])
+  if m.endswith('per_gpu'):
+    return float(np.ravel(res['output_tokens_per_s_per_gpu'])[0])
+  return float(np.ravel(res['output_tokens_per_s'])[0]) * replicas
+
+
+def run_suite(rows, base_dir, progress=None):
+  """Prices every row; list of dicts: id, source, metric, kind, measured,
+  predicted, error_pct, status ('priced', 'infeasible', 'unpriced'),
+  assumptions (or the reason)."""
+  from calculon import io
+  from calculon.serving import deployment as D
+  from calculon.serving.price import price
+  apps, systems, out = {}, {}, []
+  for row in rows:
+    rec = {'id': row['id'], 'source': row['source'], 'metric':
+           row['metric'], 'kind': metric_kind(row['metric']),
+           'measured': float(row['value']), 'predicted': math.nan,
+           'error_pct': math.nan, 'status': 'unpriced', 'assumptions': ''}
+    got = deployment_of(row, base_dir)
+    if isinstance(got, str):
+      rec['assumptions'] = got
+      out.append(rec)
+      continue
+    app_path, sys_path, fields, assumptions, replicas, kind = got
+    try:
+      app = apps.get(app_path) or io.load_application(app_path)
+      apps[app_path] = app
+      system = systems.get(sys_path) or io.load_system(sys_path)
+      systems[sys_path] = system
+      dep = D.resolve(D.read_deployment(fields, row['id']), app, system,
+                      row['id'])
+      res = price(app, system, dep)
+    except ConfigError as err:
+      rec['assumptions'] = f'not priced: {err}'
+      out.append(rec)
+      continue
+    rec['assumptions'] = '; '.join(assumptions)
+    if not res['feasible']:
+      rec['status'] = 'infeasible'
+      rec['assumptions'] = (rec['assumptions'] + '; ' if assumptions
+                            else '') + res['reason']
+      out.append(rec)
+      continue
+    value = predicted(res, row, kind, replicas)
+    rec.update(predicted=value, status='priced',
+               error_pct=100.0 * (value / rec['measured'] - 1))
+    out.append(rec)
+    if progress:
+      progress(f"{row['id']}: {rec['error_pct']:+.1f} %")
+  return out
+
+
+def source_label(source):
+  """A short label of a row's source (repository and file)."""
+  return ' '.join(source.split()[:2])[:60]
+
+
+def summary(results):
+  """Median |error| by kind and by source, rows priced and not (dict)."""
+  priced = [r for r in results if r['status'] == 'priced']
+  out = {'rows': len(results), 'priced': len(priced),
+         'infeasible': sum(r['status'] == 'infeasible' for r in results),
+         'unpriced': sum(r['status'] == 'unpriced' for r in results),
+         'median_abs_error_pct': {}, 'by_source': {},
+         'fitted': 'nothing (datasheet systems, preset defaults)'}
+  for kind in KINDS:
+    errs = [abs(r['error_pct']) for r in priced if r['kind'] == kind]
+    out['median_abs_error_pct'][kind] = (
+      {'rows': len(errs), 'median': float(np.median(errs))} if errs
+      else {'rows': 0, 'median': None})
+  for r in priced:
+    key = source_label(r['source'])
+    out['by_source'].setdefault(key, {}).setdefault(r['kind'], []).append(
+      abs(r['error_pct']))
+  out['by_source'] = {
+    s: {k: {'rows': len(v), 'median': float(np.median(v))}
+        for k, v in kinds.items()} for s, kinds in out['by_source'].items()}
+  return out
+
+
+def format_report(results, verbose=False):
+  """The suite's text report."""
+  s = summary(results)
+  lines = [f"{s['rows']} rows: {s['priced']} priced, {s['infeasible']} "
+           f"infeasible, {s['unpriced']} not priced; nothing fitted"]
+  lines.append('median |error| by metric kind:')
+  for kind, v in s['median_abs_error_pct'].items():
+    med = 'n/a' if v['median'] is None else f"{v['median']:.1f} %"
+    lines.append(f'  {kind:10s} {v["rows"]:4d} rows  {med}')
+  lines.append('by source:')
+  for src, kinds in s['by_source'].items():
+    parts = ', '.join(f"{k} {v['median']:.1f} % ({v['rows']})"
+                      for k, v in kinds.items())
+    lines.append(f'  {src}: {parts}')
+  if verbose:
+    lines.append('')
+    lines.append(f'{"id":8s}{"metric":34s}{"measured":>11s}'
+                 f'{"predicted":>11s}{"error %":>9s}  status')
+    for r in results:
+      lines.append(f"{r['id']:8s}{r['metric'][:33]:34s}{r['measured']:11.2f}"
+                   f"{r['predicted']:11.2f}{r['error_pct']:9.1f}  "
+                   f"{r['status']} {r['assumptions']}")
+  return '\n'.join(lines)
+
+
+def results_csv(results):
+  """serving_results.csv text: id, metric, measured, predicted,
+  error_pct, status, assumptions."""
+  import io as _io
+  buf = _io.StringIO()
+  w = csv.writer(buf)
+  w.writerow(['id', 'metric', 'measured', 'predicted', 'error_pct',
+              'status', 'assumptions'])
+  for r in results:
+    w.writerow([r['id'], r['metric'], r['measured'],
+                '' if math.isnan(r['predicted']) else f"{r['predicted']:.6g}",
+                '' if math.isnan(r['error_pct']) else f"{r['error_pct']:.2f}",
+                r['status'], r['assumptions']])
+  return buf.getvalue()
