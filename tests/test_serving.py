@@ -1,0 +1,207 @@
+"""Serving (calculon serve, serve-search, the serving suite): KV-cache
+and weight arithmetic from the models' configs, the memory-bound decode
+step, the commands through real subprocesses, bad input."""
+
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+
+from conftest import repo, run_cli
+
+
+def _app(name):
+  from calculon import io
+  return io.load_application(repo('models', f'{name}.json'))
+
+
+def _system(name):
+  from calculon import io
+  return io.load_system(repo('systems', f'{name}.json'))
+
+
+def test_kv_bytes_per_token_from_configs():
+  from calculon.serving.kv_cache import kv_bytes_per_token
+  # Llama 3 70B: 80 layers, 8 K/V heads of 128, K and V, bf16.
+  assert kv_bytes_per_token(_app('llama3-70B'), 1, 1, 2) == \
+    2 * 80 * 8 * 128 * 2 == 327_680
+  # TP 8: one K/V head per GPU; float8: one byte.
+  assert kv_bytes_per_token(_app('llama3-70B'), 8, 1, 1) == \
+    2 * 80 * 1 * 128 * 1
+  # Llama 3.1 405B: 126 layers, 8 K/V heads of 128; PP 2: 63 blocks.
+  assert kv_bytes_per_token(_app('llama3.1-405B'), 1, 1, 2) == \
+    2 * 126 * 8 * 128 * 2 == 516_096
+  assert kv_bytes_per_token(_app('llama3.1-405B'), 8, 2, 2) == \
+    2 * 63 * 1 * 128 * 2
+  # TP 16 > 8 K/V heads: each GPU still holds one (replicated).
+  assert kv_bytes_per_token(_app('llama3.1-405B'), 16, 1, 2) == \
+    2 * 126 * 1 * 128 * 2
+  # DeepSeek-V3 MLA: kv_lora_rank 512 + RoPE key 64 per layer, 61 layers,
+  # whole on every TP rank.
+  dsv3 = _app('deepseek-v3')
+  assert kv_bytes_per_token(dsv3, 1, 1, 2) == (512 + 64) * 61 * 2 == 70_272
+  assert kv_bytes_per_token(dsv3, 8, 1, 2) == 70_272
+
+
+def test_weights_memory_from_configs():
+  from calculon.serving.kv_cache import weight_bytes_per_gpu
+  # Llama 3 70B in bf16 on one GPU: every parameter at 2 bytes
+  # (70,553,706,496 parameters, models/llama3-70B.json).
+  w = weight_bytes_per_gpu(_app('llama3-70B'), 1, 1, 1, 1, 2)
+  assert w['total'] == 2 * 70_553_706_496
+  # Llama 3.1 405B bf16 TP 8: everything split 8 ways but the norms
+  # (2 per block of 16,384 and the final one), which every GPU keeps.
+  norms = 2 * 16384 * 126 + 16384
+  w = weight_bytes_per_gpu(_app('llama3.1-405B'), 8, 1, 1, 1, 2)
+  assert w['total'] == pytest.approx(
+    2 * ((405_853_388_800 - norms) / 8 + norms), rel=1e-12)
+  # DeepSeek-V3 float8 on one GPU (EP 1): the linear layers at 1 byte;
+  # the embedding and LM head (129,280 x 7,168 each), the norms (2 per
+  # block + the final) and the routers (7,168 x 256 in each of the 58 MoE
+  # blocks) at 2 bytes.
+  wide = 2 * 129280 * 7168 + (2 * 7168 * 61 + 7168) + 7168 * 256 * 58
+  assert wide == 1_960_670_208
+  w = weight_bytes_per_gpu(_app('deepseek-v3'), 1, 1, 1, 1, 1)
+  assert w['total'] == pytest.approx(
+    (671_026_404_352 - wide) * 1 + wide * 2, rel=1e-12)
+  # EP 8 splits the routed experts (256 x 3 x 7,168 x 2,048 per MoE block).
+  w8 = weight_bytes_per_gpu(_app('deepseek-v3'), 1, 1, 8, 1, 1)
+  experts = 256 * 3 * 7168 * 2048 * 58
+  assert w['total'] - w8['total'] == pytest.approx(experts * 7 / 8,
+                                                   rel=1e-12)
+
+
+def test_decode_is_memory_bound_at_small_batch():
+  """Llama 3 70B FP8 TP 8 on H100, batch 1: the GEMMs stream the
+  weights: the step's compute (attention projections and MLP) takes
+  between the weight bytes over the HBM peak and over 0.6 of it (the
+  memory curve's efficiency at those sizes), and grows little to batch
+  16."""
+  from types import SimpleNamespace as NS
+  from calculon.serving.forward import forward_s
+  from calculon.serving.kv_cache import weight_bytes_per_gpu
+  app, system = _app('llama3-70B'), _system('h100_sxm_80g_datasheet')
+  w = NS(tensor_par=8, pipeline_par=1, expert_par=1, expert_tensor_par=1,
+         attention_dp=1, weight_bytes_per_param=1, act_bytes=1)
+  f = forward_s(app, system, w, np.array([1, 16]), 1, 'float8')
+  weights = weight_bytes_per_gpu(app, 8, 1, 1, 1, 1)
+  block_bytes = weights['linear'] + weights['norms']
+  gemm_s = np.asarray(f.attention + f.mlp)
+  bw = 3350e9
+  assert block_bytes / bw < gemm_s[0] < block_bytes / (0.6 * bw)
+  assert gemm_s[1] < 1.1 * gemm_s[0]
+
+
+def test_speculative_tokens_per_step():
+  from calculon.serving.decode import accepted_tokens
+  # Leviathan et al. 2023, eq. 1: (1 - a^(n+1)) / (1 - a).
+  assert accepted_tokens(3, 0.8) == pytest.approx((1 - 0.8 ** 4) / 0.2)
+  assert accepted_tokens(0, 0.8) == 1.0
+
+
+def _dep(tmp_path, **fields):
+  path = tmp_path / 'dep.json'
+  path.write_text(json.dumps(fields))
+  return str(path)
+
+
+def test_serve_cli_reports_and_writes_json(tmp_path):
+  dep = _dep(tmp_path, framework='trtllm', tensor_par=8,
+             weight_datatype='float8', isl=1024, osl=128, concurrency=32)
+  out = tmp_path / 'out.json'
+  res = run_cli('serve', 'models/llama3-70B.json', dep,
+                'systems/h100_sxm_80g_datasheet.json', str(out))
+  assert res.returncode == 0, res.stderr
+  doc = json.loads(out.read_text())
+  assert doc['feasible'] is True and doc['gpus'] == 8
+  assert doc['memory']['kv_bytes_per_token'] == 2 * 80 * 128 * 1
+  assert doc['ttft_ms'] > 0 and doc['tpot_ms'] > 0
+  # The breakdown adds up: throughput = concurrency x osl / latency.
+  assert doc['output_tokens_per_s'] == pytest.approx(
+    doc['concurrency'] * 128 / (doc['latency_ms'] / 1e3), rel=1e-9)
+  text = run_cli('serve', 'models/llama3-70B.json', dep,
+                 'systems/h100_sxm_80g_datasheet.json')
+  assert text.returncode == 0 and 'TPOT' in text.stdout
+
+
+@pytest.mark.parametrize('fields, words', [
+  (dict(isl=0, osl=128), ("'isl' = 0", '>= 1')),
+  (dict(isl=128, osl=-5), ("'osl' = -5",)),
+  (dict(isl=128, osl=128, tensor_par=3), ("'tensor_par' = 3", 'divide')),
+  (dict(isl=128, osl=128, request_rate=0), ("'request_rate' = 0",)),
+  (dict(isl=128, osl=128, concurrency=4, request_rate=2.0),
+   ("'request_rate'",)),
+  (dict(isl=128, osl=128, bogus=1), ("unknown field 'bogus'",)),
+])
+def test_serve_bad_input_one_line_exit_2(tmp_path, fields, words):
+  dep = _dep(tmp_path, **fields)
+  res = run_cli('serve', 'models/llama3-70B.json', dep,
+                'systems/h100_sxm_80g_datasheet.json')
+  assert res.returncode == 2
+  lines = res.stderr.strip().splitlines()
+  assert len(lines) == 1 and 'Traceback' not in res.stderr
+  for w in words:
+    assert w in lines[0]
+
+
+def test_serve_weights_that_do_not_fit_are_infeasible(tmp_path):
+  # Llama 3.1 405B in bf16 on one 80 GiB GPU: 811 GB of weights.
+  dep = _dep(tmp_path, tensor_par=1, isl=128, osl=128, concurrency=1)
+  res = run_cli('serve', 'models/llama3.1-405B.json', dep,
+                'systems/h100_sxm_80g_datasheet.json')
+  assert res.returncode == 1
+  assert 'infeasible' in res.stdout and 'do not fit' in res.stdout
+
+
+def test_serve_search_llama3_70b_8xh100_tpot(tmp_path):
+  out = tmp_path / 'best.json'
+  png = tmp_path / 'front.png'
+  start = time.monotonic()
+  res = run_cli('serve-search', 'models/llama3-70B.json',
+                'systems/h100_sxm_80g_datasheet.json', '--gpus', '8',
+                '--isl', '1024', '--osl', '1024', '--tpot', '30', '-o',
+                str(out), '--plot', str(png))
+  took = time.monotonic() - start
+  assert res.returncode == 0, res.stderr
+  assert took < 60
+  best = json.loads(out.read_text())
+  assert 8 % (best['tensor_par'] * best['pipeline_par']) == 0
+  assert best['isl'] == 1024 and best['concurrency'] >= 1
+  # The written deployment prices and meets the target.
+  res = run_cli('serve', 'models/llama3-70B.json', str(out),
+                'systems/h100_sxm_80g_datasheet.json',
+                str(tmp_path / 's.json'))
+  assert res.returncode == 0, res.stderr
+  doc = json.loads((tmp_path / 's.json').read_text())
+  assert doc['tpot_ms'] <= 30
+  assert os.path.getsize(png) > 10_000
+
+
+def test_serving_suite_prices_rows(tmp_path):
+  from calculon.validation import serving
+  rows = [
+    # Splitwise's DGX-A100 profile (Mutinifni/splitwise-sim
+    # data/perf_model.csv): Llama 2 70B, TP 2, batch 1, 512 tokens.
+    dict(id='x1', source='test', model='Llama-2-70B', gpu='A100 80GB',
+         num_gpus='2', tp='2', pp='1', ep='', precision='FP16',
+         framework='unspecified', isl='512', osl='128',
+         concurrency_or_rate='static batch=1', metric='token_time_ms (TPOT)',
+         value='54.86', notes=''),
+    dict(id='x2', source='test', model='Unknown-1B', gpu='H100',
+         num_gpus='1', tp='1', pp='1', ep='', precision='BF16',
+         framework='vllm', isl='1', osl='1', concurrency_or_rate='x',
+         metric='ttft_ms', value='1', notes='')]
+  res = serving.run_suite(rows, repo())
+  assert res[0]['status'] == 'priced'
+  # TPOT of a batch-1 decode of 69B fp16 parameters over two A100s
+  # (2,039 GB/s each) is at least 69e9 x 2 / 2 / 2.039e12 = 33.8 ms.
+  assert res[0]['predicted'] > 33.8
+  assert res[0]['error_pct'] == pytest.approx(
+    100 * (res[0]['predicted'] / 54.86 - 1))
+  assert res[1]['status'] == 'unpriced' and 'Unknown-1B' in \
+    res[1]['assumptions']
+  text = serving.results_csv(res)
+  assert text.splitlines()[0] == \
+    'id,metric,measured,predicted,error_pct,status,assumptions'
