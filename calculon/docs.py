@@ -34,6 +34,13 @@ _TITLES = {
                 '> its framework > the absent value.  Fields marked '
                 '*behaviour* are what a framework does, not choices: its '
                 'preset sets them.'),
+  'deployment': ('deployments.md', 'Deployment files (`calculon serve`)',
+                 'How a model is served (docs/serving.md): the framework '
+                 'preset, the parallelism of a worker, the datatypes, the '
+                 'workload, the batching limits, aggregated or '
+                 'disaggregated.  `isl` and `osl` are required; a field '
+                 'left out takes the serving framework preset\'s value '
+                 '(`frameworks/serving/*.json`), else its absent value.'),
   'system': ('systems.md', 'System files (`systems/*.json`)',
              'The processor, its memory tiers and its network tiers.  '
              'Units follow Calculon\'s JSON: TFLOP/s and GFLOP (SI), GiB '
@@ -144,7 +151,7 @@ def _constraint_kinds():
 def pages():
   """{file name: Markdown text} of every generated reference page."""
   out = {}
-  for kind in ('application', 'execution', 'system'):
+  for kind in ('application', 'execution', 'system', 'deployment'):
     out[_TITLES[kind][0]] = field_page(kind)
   out['frameworks.md'] = frameworks_page()
   return out
