@@ -64,7 +64,10 @@ MODELS = {
   'mixtral-8x7b': 'mixtral-8x7B', 'mixtral-8x22b': 'mixtral-8x22B',
   'deepseek-r1': 'deepseek-v3', 'deepseek-v3': 'deepseek-v3',
   'qwen3-235b-a22b': 'qwen3-235B-A22B', 'qwen3-30b-a3b': 'qwen3-30B-A3B',
-  'qwen2.5-72b': 'qwen2.5-72B',
+  'qwen2.5-72b': 'qwen2.5-72B', 'qwen3-32b': 'qwen3-32B',
+  'gpt-oss-120b': 'gpt-oss-120b', 'llama-4-scout': 'llama4-scout',
+  'llama-4-maverick': 'llama4-maverick', 'mistral-7b': 'mistral-7B',
+  'gpt-j-6b': 'gpt-j-6B', 'gpt-j': 'gpt-j-6B',
 }
 #: GPU name fragment (lower case, first match wins) -> system file.
 SYSTEMS = (
