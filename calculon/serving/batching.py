@@ -14,13 +14,15 @@ share of a prefill pass, :mod:`calculon.serving.prefill`) plus, when
 mixed, the decode step t_dec(C).  Over one cycle of a closed loop (every
 user's request served once, all requests the same length):
 
-* prefill iterations I_p = ceil(C x isl / q), the user's own I_own =
-  ceil(g x isl / q) (requests arrive in groups of g, those that finished
-  together; g = the prompts one iteration takes);
+* the user's group's prefill iterations I_own = ceil(g x isl / q), each
+  of min(q, g x isl) tokens, and all groups' I_p = ceil(C / g) x I_own (requests of equal lengths that finished together
+  arrive together: g = the framework's ``arrival_burst`` share of the
+  users, at least 1);
 * iterations I = osl - 1 + I_own (one decode token per iteration);
 * cycle W = I_p x t_mix + max(I - I_p, 0) x t_dec (a prefill-bound cycle
   when I_p > I);
-* TTFT = I_own x t_mix; TPOT = (W - TTFT) / (osl - 1) (decodes stalled
+* TTFT = (I_own + 1) / 2 x t_mix (the group's prompts first come, first
+  served); TPOT = (W - TTFT) / (osl - 1) (decodes stalled
   by the other users' prefills, Sarathi-Serve section 3); throughput = C x
   osl / W.
 
@@ -56,33 +58,43 @@ def prefill_tokens_per_iteration(concurrency, isl, max_num_tokens, chunked,
   return group_size(concurrency, isl, max_num_tokens) * isl
 
 
-def closed_loop(concurrency, isl, osl, t_dec, tau, q, mixed, group):
+def closed_loop(concurrency, isl, osl, t_dec, tau, q, mixed, group,
+                overhead_s=0.0):
   """Steady state of ``concurrency`` users, each sending its next request
   when one returns (see the module).  Arrays broadcast.
 
   Args:
     t_dec: decode step seconds at the running batch.
     tau: seconds of prefill per prompt token.
-    q: prefill tokens per iteration; group: prompts arriving together.
+    q: prefill tokens per iteration.
+    group: prompts that arrive together (requests of the same length
+      that finished together); they are prefilled first come, first
+      served in iterations of ``q`` tokens, so the group's mean TTFT is
+      (n + 1) / 2 iterations for n = ceil(group x isl / q).
+    overhead_s: host time of every iteration (the framework's
+      ``step_overhead_s``).
 
   Returns:
     dict of arrays: 'ttft_s', 'tpot_s', 'latency_s' (W), 'requests_per_s',
     'output_tokens_per_s'.
   """
   C = np.asarray(concurrency, float)
-  t_mix = q * tau + (t_dec if mixed else 0.0)
-  i_p = np.ceil(C * isl / q)
-  i_own = np.ceil(group * isl / q)
+  t_dec = t_dec + overhead_s
+  group_tokens = group * isl
+  t_mix = np.minimum(q, group_tokens) * tau + \
+    (t_dec if mixed else overhead_s)
+  i_own = np.ceil(group_tokens / q)
+  i_p = np.ceil(C / group) * i_own
   iters = (osl - 1) + i_own
   W = i_p * t_mix + np.maximum(iters - i_p, 0) * t_dec
-  ttft = i_own * t_mix
+  ttft = (i_own + 1) / 2 * t_mix
   tpot = np.where(osl > 1, (W - ttft) / np.maximum(osl - 1, 1), 0.0)
   return {'ttft_s': ttft, 'tpot_s': tpot, 'latency_s': W,
           'requests_per_s': C / W, 'output_tokens_per_s': C * osl / W}
 
 
 def open_loop(rate, isl, osl, t_dec_of, tau, q, mixed, max_running,
-              iterations=60):
+              overhead_s=0.0, iterations=60):
   """Steady state of Poisson arrivals at ``rate`` requests/s (see the
   module); ``t_dec_of(C)`` gives the decode step at a running batch C
   (vectorized).  Returns the dict of :func:`closed_loop` plus
@@ -95,9 +107,10 @@ def open_loop(rate, isl, osl, t_dec_of, tau, q, mixed, max_running,
   C = np.maximum(rate * 0 + 1.0, 1.0)
   tau_p = isl * tau
   for _ in range(iterations):
-    t_dec = t_dec_of(np.clip(np.round(C), 1, max_running))
+    t_dec = t_dec_of(np.clip(np.round(C), 1, max_running)) + overhead_s
     tpot = t_dec / (1 - r)
-    own = np.ceil(isl / q) * (q * tau + (t_dec if mixed else 0.0))
+    own = np.ceil(isl / q) * (np.minimum(q, isl) * tau +
+                              (t_dec if mixed else overhead_s))
     ttft = np.maximum(own, tau_p) + t_dec / 2 + r * tau_p / (2 * (1 - r))
     latency = ttft + (osl - 1) * tpot
     C = 0.5 * C + 0.5 * np.maximum(rate * latency, 1.0)
@@ -108,9 +121,12 @@ def open_loop(rate, isl, osl, t_dec_of, tau, q, mixed, max_running,
           'overloaded': overloaded}
 
 
-def static_batch(batch, osl, t_prefill, t_dec):
+def static_batch(batch, osl, t_prefill, t_dec, overhead_s=0.0):
   """A static batch (no continuous batching): all prompts prefilled in one
-  pass, then osl - 1 decode steps of the whole batch."""
+  pass, then osl - 1 decode steps of the whole batch, each iteration with
+  the host's ``overhead_s``."""
+  t_prefill = t_prefill + overhead_s
+  t_dec = t_dec + overhead_s
   W = t_prefill + (osl - 1) * t_dec
   return {'ttft_s': t_prefill, 'tpot_s': np.where(osl > 1, t_dec, 0.0),
           'latency_s': W, 'requests_per_s': batch / W,

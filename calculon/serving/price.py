@@ -138,20 +138,23 @@ def price(app, system, dep, concurrency=None):
     reason = (f'a prompt of {isl} tokens exceeds max_num_tokens '
               f'({dep.max_num_tokens}) without chunked prefill')
   mixed = MIXES[dep.framework]
+  overhead = preset_value(dep.preset, 'step_overhead_s', 0.0)
+  eff = preset_value(dep.preset, 'roofline_efficiency', 1.0)
   gpus_worker = w.tensor_par * w.pipeline_par * adp
 
   def t_dec_of(c):
     t, _ = decode_step_s(app, system, w, np.asarray(c), ctx, dep.kv_bytes,
                          dtype, spec)
-    return t / gain
+    return t / gain / eff
 
   if dep.static_batch is not None:
     B = np.asarray(dep.static_batch)
     per_rank = np.ceil(B / adp)
     t_pre, _ = prefill_s(app, system, w, per_rank.astype(np.int64), isl,
                          dtype)
+    t_pre = t_pre / eff
     t_dec = t_dec_of(per_rank)
-    out = batching.static_batch(B, osl, t_pre, t_dec)
+    out = batching.static_batch(B, osl, t_pre, t_dec, overhead)
     running = B
     if np.any(per_rank > mem['max_concurrency']) and not reason:
       reason = (f'a static batch of {int(np.max(B))} sequences exceeds '
@@ -167,9 +170,9 @@ def price(app, system, dep, concurrency=None):
                                               chunked, mixed,
                                               dep.prefill_chunk)
     tau = _tau(app, system, w, isl, dtype, batching.group_size(
-      max_run, isl, dep.max_num_tokens))
+      max_run, isl, dep.max_num_tokens), eff)
     out = batching.open_loop(rate, isl, osl, t_dec_of, tau, q, mixed,
-                             np.maximum(max_run, 1))
+                             np.maximum(max_run, 1), overhead)
     out['requests_per_s'] = out['requests_per_s'] * adp
     out['output_tokens_per_s'] = out['output_tokens_per_s'] * adp
     running = out['concurrency'] * adp
@@ -184,7 +187,8 @@ def price(app, system, dep, concurrency=None):
     C = np.asarray(C, float)
     per_rank = np.maximum(np.ceil(C / adp), 1)
     run = np.minimum(per_rank, np.maximum(max_run, 1))
-    out = _aggregated(app, system, dep, w, run, t_dec_of, chunked, mixed)
+    out = _aggregated(app, system, dep, w, run, t_dec_of, chunked, mixed,
+                      overhead)
     # Users beyond what runs at once wait for a slot (Little's law).
     X = out['requests_per_s']
     cycle = per_rank / X
@@ -206,7 +210,7 @@ def price(app, system, dep, concurrency=None):
       out['tpot_s'] > 0, 1.0 / np.maximum(out['tpot_s'], 1e-12), 0.0),
     'input_tokens_per_s': out['requests_per_s'] * isl,
   }
-  for k in ('prefill_requests_per_s', 'decode_requests_per_s'):
+  for k in ('prefill_requests_per_s', 'decode_requests_per_s', 'steady'):
     if k in out:
       res[k] = out[k]
   res['memory'] = mem
@@ -221,27 +225,44 @@ def price(app, system, dep, concurrency=None):
     'lm_head': f.head * w.pipeline_par * 1e3,
     'pipeline_sends': f.pp * w.pipeline_par * 1e3,
     'kv_cache_reads': parts['kv'] * 1e3, 'draft': parts['draft'] * 1e3}
+  gpu_ms = sum(np.asarray(v) for v in res['decode_parts_ms'].values())
+  res['decode_parts_ms']['kernels_below_roofline'] = gpu_ms * (1 / eff - 1)
+  res['decode_parts_ms']['host_per_step'] = overhead * 1e3 + 0 * gpu_ms
   return res
 
 
-def _tau(app, system, w, isl, dtype, group):
+def preset_value(preset, name, default):
+  """A number of the serving preset (``{"value": ...}``), or ``default``."""
+  entry = preset.get(name)
+  return default if entry is None else entry['value']
+
+
+def _tau(app, system, w, isl, dtype, group, eff=1.0):
   """Seconds of prefill per prompt token, from a pass of ``group``
   prompts."""
   g = np.maximum(np.asarray(group), 1).astype(np.int64)
   t, _ = prefill_s(app, system, w, g, isl, dtype)
-  return t / (g * isl)
+  return t / (g * isl) / eff
 
 
-def _aggregated(app, system, dep, w, run, t_dec_of, chunked, mixed):
+def _aggregated(app, system, dep, w, run, t_dec_of, chunked, mixed,
+                overhead):
   isl, osl = dep.isl, dep.osl
   q = batching.prefill_tokens_per_iteration(run, isl, dep.max_num_tokens,
                                             chunked, mixed,
                                             dep.prefill_chunk)
-  group = batching.group_size(run, isl, dep.max_num_tokens)
+  per_pass = batching.group_size(run, isl, dep.max_num_tokens)
   tau = _tau(app, system, w, isl, dep.activation_datatype,
-             np.minimum(group, np.maximum(np.floor(q / isl), 1)))
-  return batching.closed_loop(run, isl, osl, t_dec_of(run), tau, q, mixed,
-                              group)
+             np.minimum(per_pass, np.maximum(np.floor(q / isl), 1)),
+             preset_value(dep.preset, 'roofline_efficiency', 1.0))
+  burst = preset_value(dep.preset, 'arrival_burst', 0.0)
+  group = np.clip(np.round(burst * run), 1, run)
+  t_dec = t_dec_of(run)
+  out = batching.closed_loop(run, isl, osl, t_dec, tau, q, mixed, group,
+                             overhead)
+  out['steady'] = {'run': run, 'isl': isl, 'osl': osl, 't_dec': t_dec,
+                   'tau': tau, 'q': q, 'mixed': mixed}
+  return out
 
 
 def _disaggregated(app, system, dep, w, mem, concurrency, t_dec_of,
@@ -258,6 +279,7 @@ def _disaggregated(app, system, dep, w, mem, concurrency, t_dec_of,
   group = batching.group_size(C / x, isl, dep.max_num_tokens)
   t_pass, _ = prefill_s(app, system, pw, group.astype(np.int64), isl,
                         dep.activation_datatype)
+  t_pass = t_pass / preset_value(dep.preset, 'roofline_efficiency', 1.0)
   p_gpus = pw.tensor_par * pw.pipeline_par
   d_gpus = w.tensor_par * w.pipeline_par * dep.attention_dp
   tier = dep.kv_transfer_net
@@ -267,7 +289,9 @@ def _disaggregated(app, system, dep, w, mem, concurrency, t_dec_of,
   transfer = disagg.kv_transfer_s(app, system, isl, dep.kv_bytes, p_gpus,
                                   tier)
   running = per_dec * y * dep.attention_dp
-  out = disagg.pools(running, osl, t_pass, group, x, y * dep.attention_dp,
-                     t_dec_of(per_dec), transfer)
+  overhead = preset_value(dep.preset, 'step_overhead_s', 0.0)
+  out = disagg.pools(running, osl, t_pass + overhead, group, x,
+                     y * dep.attention_dp, t_dec_of(per_dec) + overhead,
+                     transfer)
   out['gpus'] = x * p_gpus + y * d_gpus
   return out, running

@@ -27,6 +27,8 @@ Conventions (what a row leaves unstated):
   a static batch; 'request_rate=R' an open loop; 'offline max-throughput',
   'request_rate=inf' and 'N prompts at request_rate=inf' the offline
   maximum (as many sequences as the KV cache and max_num_seqs allow);
+  'N prompts at request_rate=inf' a closed loop of N users (all sent at
+  once);
   ShareGPT (variable lengths) -> isl 230, osl 200 (:data:`SHAREGPT`:
   approximate means of the ShareGPT_V3 conversations the benchmark
   scripts sample, not measured here);
@@ -41,8 +43,10 @@ Conventions (what a row leaves unstated):
   the whole deployment; output_tokens_per_s_per_gpu), TPOT/ITL (tpot_*,
   itl_*, token_time_ms), TTFT (ttft_*, prompt_time_ms).
 
-Nothing is fitted to the rows: the suite prices with the datasheet files
-and the presets' defaults (see docs/serving.md, 'Accuracy').
+No row of this suite is fitted: the suite prices with the datasheet
+files and the presets' values, whose three fitted parameters per
+framework come from AIConfigurator silicon runs that no row here cites
+(:mod:`calculon.validation.serving_fit`; docs/serving.md, 'Accuracy').
 
 Reads: the CSV, the bundled models and systems, :mod:`calculon.serving`.
 """
@@ -187,15 +191,19 @@ def deployment_of(row, base_dir):
   from calculon import io
   app = io.load_application(app_path)
   adp = 1
+  m_adp = re.search(r'attention_dp=(\d+|true)', notes, re.I)
+  if m_adp and app.is_moe:
+    adp = tp if m_adp.group(1).lower() == 'true' else int(m_adp.group(1))
+    if m_adp.group(1).lower() == 'true':
+      f['tensor_par'] = 1
+    if adp > 1:
+      f['attention_dp'] = adp
   if app.is_moe:
     m_ep = re.search(r'moe_ep=(\d+)', notes)
     m_tp = re.search(r'moe_tp=(\d+)', notes)
-    if re.search(r'attention_dp=true', notes, re.I):
-      adp = tp
-      f['tensor_par'] = 1
-      f['attention_dp'] = adp
-    ep = int(m_ep.group(1)) if m_ep else (_int(row['ep']) or tp)
-    etp = int(m_tp.group(1)) if m_tp else max(1, tp // ep)
+    width = f['tensor_par'] * adp
+    ep = int(m_ep.group(1)) if m_ep else (_int(row['ep']) or width)
+    etp = int(m_tp.group(1)) if m_tp else max(1, width // ep)
     f['expert_par'], f['expert_tensor_par'] = ep, etp
     if not m_ep and not row['ep']:
       assumptions.append(f'EP not stated: EP {ep}')
@@ -212,21 +220,31 @@ def deployment_of(row, base_dir):
   m_conc = re.match(r'concurrency=(\d+)', load)
   m_static = re.match(r'static batch=(\d+)', load)
   m_rate = re.match(r'request_rate=([\d.]+)', load)
+  m_silicon = re.search(r'silicon_concurrency=(\d+)', notes)
   if m_conc:
     f['concurrency'] = int(m_conc.group(1))
+    if m_silicon and int(m_silicon.group(1)) != f['concurrency']:
+      f['concurrency'] = int(m_silicon.group(1))
+      assumptions.append('concurrency: the notes\' silicon_concurrency '
+                         f"{f['concurrency']} (the whole deployment)")
   elif m_static:
     f['static_batch'] = int(m_static.group(1))
   elif m_rate:
     f['request_rate'] = float(m_rate.group(1))
+  elif re.match(r'(\d+) prompts at request_rate=inf', load):
+    f['concurrency'] = int(re.match(r'(\d+)', load).group(1))
+    assumptions.append(f"{f['concurrency']} prompts at once: a closed loop "
+                       'of that many users')
   elif 'inf' in load or 'offline' in load:
     assumptions.append('offline: as many sequences as the KV cache and '
                        'max_num_seqs hold')
   else:
     return f"load '{row['concurrency_or_rate']}' not understood"
-  gpus = _int(row['num_gpus']) or tp * pp
-  replicas = max(1, gpus // (tp * pp))
+  size = f['tensor_par'] * pp * adp
+  gpus = _int(row['num_gpus']) or size
+  replicas = max(1, gpus // size)
   if replicas > 1:
-    assumptions.append(f'{replicas} replicas of TP {tp} x PP {pp}')
+    assumptions.append(f'{replicas} replicas of {size} GPUs')
   return (app_path, os.path.join(base_dir, 'systems', f'{system}.json'), f,
           assumptions, replicas, kind)
 
@@ -302,7 +320,9 @@ def summary(results):
          'infeasible': sum(r['status'] == 'infeasible' for r in results),
          'unpriced': sum(r['status'] == 'unpriced' for r in results),
          'median_abs_error_pct': {}, 'by_source': {},
-         'fitted': 'nothing (datasheet systems, preset defaults)'}
+         'fitted': 'step_overhead_s, roofline_efficiency, arrival_burst per '
+                   'framework preset, on AIConfigurator silicon runs that '
+                   'no row here cites (calculon/validation/serving_fit.py)'}
   for kind in KINDS:
     errs = [abs(r['error_pct']) for r in priced if r['kind'] == kind]
     out['median_abs_error_pct'][kind] = (
@@ -322,7 +342,9 @@ def format_report(results, verbose=False):
   """The suite's text report."""
   s = summary(results)
   lines = [f"{s['rows']} rows: {s['priced']} priced, {s['infeasible']} "
-           f"infeasible, {s['unpriced']} not priced; nothing fitted"]
+           f"infeasible, {s['unpriced']} not priced; no row here fitted "
+           'anything (the presets\' three parameters are fitted on '
+           'other AIConfigurator silicon runs)']
   lines.append('median |error| by metric kind:')
   for kind, v in s['median_abs_error_pct'].items():
     med = 'n/a' if v['median'] is None else f"{v['median']:.1f} %"
