@@ -205,3 +205,60 @@ def test_serving_suite_prices_rows(tmp_path):
   text = serving.results_csv(res)
   assert text.splitlines()[0] == \
     'id,metric,measured,predicted,error_pct,status,assumptions'
+
+
+def test_presets_cite_every_value():
+  from calculon.serving import frameworks
+  for name in frameworks.names():
+    preset = frameworks.load(name)
+    assert preset['version'] and preset['source'], name
+    for field, entry in preset['defaults'].items():
+      assert entry.get('source'), (name, field)
+    for key in ('step_overhead_s', 'roofline_efficiency', 'arrival_burst'):
+      lo, hi = preset[key]['bounds']
+      assert lo <= preset[key]['value'] <= hi, (name, key)
+      assert 'silicon_sample.csv' in preset[key]['source'], (name, key)
+
+
+def test_vllm_memory_fraction_rule():
+  """vLLM: gpu_memory_utilization x capacity - weights - activations -
+  runtime; TensorRT-LLM: the fraction of what is left after them."""
+  from calculon.serving.kv_cache import kv_capacity
+  cap, w, a, r = 80e9, 20e9, 2e9, 1e9
+  assert kv_capacity('total', 0.9, cap, w, a, r) == pytest.approx(
+    0.9 * 80e9 - 23e9)
+  assert kv_capacity('free_after_weights', 0.9, cap, w, a, r) == \
+    pytest.approx(0.9 * 57e9)
+  assert kv_capacity('static', 0.88, cap, w, a, r) == pytest.approx(
+    0.88 * 80e9 - 20e9)
+
+
+def test_closed_loop_arithmetic():
+  """Two users, prompts of 100 tokens (one iteration each), 11 output
+  tokens, decode step 10 ms, prefill 0.1 ms a token, no mixing: cycle =
+  2 prefill iterations of 10 ms + 10 decode steps of 10 ms = 120 ms."""
+  from calculon.serving.batching import closed_loop
+  out = closed_loop(2, 100, 11, 0.010, 1e-4, 8192, False, 1)
+  assert out['latency_s'] == pytest.approx(0.120)
+  assert out['ttft_s'] == pytest.approx(0.010)
+  assert out['tpot_s'] == pytest.approx((0.120 - 0.010) / 10)
+  assert out['output_tokens_per_s'] == pytest.approx(2 * 11 / 0.120)
+
+
+def test_fit_recovers_known_parameters():
+  """Synthetic rows priced at step_overhead_s 2 ms, burst 0.5,
+  efficiency 0.8: the grid search finds them."""
+  from calculon.validation import serving_fit as F
+  items = []
+  for c in (1, 4, 16, 64):
+    for isl, osl in ((128, 128), (1024, 256), (4096, 64)):
+      for kind in ('ttft', 'tpot'):
+        items.append(dict(run=c, isl=isl, osl=osl, t_dec=0.004 + 1e-5 * c,
+                          tau=2e-5, q=8192, mixed=True, kind=kind,
+                          measured=1.0, per_rank=c, framework='x',
+                          model='m'))
+  truth = F.predict(items, 0.002, 0.5, 0.8)
+  for item, value in zip(items, truth):
+    item['measured'] = float(value)
+  o, b, e = F.fit(items)
+  assert (o, b, e) == pytest.approx((0.002, 0.5, 0.8))

@@ -19,8 +19,9 @@ user's request served once, all requests the same length):
   arrive together: g = the framework's ``arrival_burst`` share of the
   users, at least 1);
 * iterations I = osl - 1 + I_own (one decode token per iteration);
-* cycle W = I_p x t_mix + max(I - I_p, 0) x t_dec (a prefill-bound cycle
-  when I_p > I);
+* cycle W = I_p x t_mix + max(I - I_p, 0) x t_dec when mixed (a
+  prefill-bound cycle when I_p > I), I_p x t_mix + (osl - 1) x t_dec when
+  prefill iterations run alone;
 * TTFT = (I_own + 1) / 2 x t_mix (the group's prompts first come, first
   served); TPOT = (W - TTFT) / (osl - 1) (decodes stalled
   by the other users' prefills, Sarathi-Serve section 3); throughput = C x
@@ -85,8 +86,12 @@ def closed_loop(concurrency, isl, osl, t_dec, tau, q, mixed, group,
     (t_dec if mixed else overhead_s)
   i_own = np.ceil(group_tokens / q)
   i_p = np.ceil(C / group) * i_own
-  iters = (osl - 1) + i_own
-  W = i_p * t_mix + np.maximum(iters - i_p, 0) * t_dec
+  if mixed:
+    # Other groups' prefill iterations also step this user's decode.
+    W = i_p * t_mix + np.maximum((osl - 1) + i_own - i_p, 0) * t_dec
+  else:
+    # Prefill iterations run alone: every one stalls every decode.
+    W = i_p * t_mix + (osl - 1) * t_dec
   ttft = (i_own + 1) / 2 * t_mix
   tpot = np.where(osl > 1, (W - ttft) / np.maximum(osl - 1, 1), 0.0)
   return {'ttft_s': ttft, 'tpot_s': tpot, 'latency_s': W,
