@@ -14,11 +14,14 @@ Conventions (what a row leaves unstated):
   (:data:`MODELS`; Llama 3.1 = Llama 3 shapes, DeepSeek-R1 = DeepSeek-V3);
 * GPU: the datasheet system file (:data:`SYSTEMS`), never a calibrated
   one;
-* precision: FP4/NVFP4 -> float4 weights and activations, FP8 -> float8,
+* precision: FP4/NVFP4 -> float4 weights and activations (bfloat16
+  activations on GPUs without float4 GEMMs), FP8 -> float8,
   BF16/FP16 as written, 'not recorded' -> bfloat16; the KV cache in the
   activation datatype unless the notes say an FP8 KV cache;
 * framework: the row's (trtllm, vllm, sglang); unspecified -> trtllm;
-  its preset's defaults for what the notes do not state
+  TensorRT-LLM prompts longer than its 8,192-token default budget raise
+  ``max_num_tokens`` to the prompt (it takes whole prompts); its preset's
+  defaults for what the notes do not state
   (``max_num_tokens``, ``max_num_seqs``, memory fraction, chunked
   prefill); the notes' ``kv_cache_free_gpu_mem_fraction X``,
   ``gpu-mem-util X``, ``mem_frac X``, ``max-num-seqs N``,
@@ -241,12 +244,24 @@ def deployment_of(row, base_dir):
   else:
     return f"load '{row['concurrency_or_rate']}' not understood"
   size = f['tensor_par'] * pp * adp
+  sys_path = os.path.join(base_dir, 'systems', f'{system}.json')
+  matrix = io.read_json_file(sys_path).get('matrix', {})
+  if w == 'float4' and 'float4' not in matrix:
+    f['activation_datatype'] = 'bfloat16'
+    assumptions.append('float4 weights on a GPU without float4 GEMMs: '
+                       'bfloat16 activations (weight-only, as MXFP4 on '
+                       'Hopper)')
+  if fw == 'trtllm' and isl > 8192 and 'max_num_tokens' not in f and \
+      'static_batch' not in f:
+    f['max_num_tokens'] = isl
+    assumptions.append(f'max_num_tokens raised to the prompt ({isl}): '
+                       'TensorRT-LLM takes a whole prompt per iteration '
+                       'without chunked prefill')
   gpus = _int(row['num_gpus']) or size
   replicas = max(1, gpus // size)
   if replicas > 1:
     assumptions.append(f'{replicas} replicas of {size} GPUs')
-  return (app_path, os.path.join(base_dir, 'systems', f'{system}.json'), f,
-          assumptions, replicas, kind)
+  return (app_path, sys_path, f, assumptions, replicas, kind)
 
 
 def predicted(res, row, kind, replicas):
