@@ -262,3 +262,28 @@ def test_fit_recovers_known_parameters():
     item['measured'] = float(value)
   o, b, e = F.fit(items)
   assert (o, b, e) == pytest.approx((0.002, 0.5, 0.8))
+
+
+def test_kv_capacity_llama3_70b_vllm_tp8_by_hand():
+  """vLLM, Llama 3 70B bf16, TP 8 on 80 GiB H100s: KV tokens = whole
+  16-token pages of (0.9 x 80 GiB - weights - activations - runtime) at
+  2 x 80 x 1 x 128 x 2 = 40,960 bytes a token; activations = 8,192
+  tokens x (3 x 8,192 + 2 x 28,672 / 8) x 2 bytes + 1,024 sequences x
+  128,256 / 8 x 4 bytes of logits; runtime = 0.75 GiB CUDA context +
+  0.57 GiB for the TP communicator (the system's memory_reserve)."""
+  from calculon.serving import deployment as D
+  from calculon.serving.price import memory, worker
+  app, system = _app('llama3-70B'), _system('h100_sxm_80g_datasheet')
+  dep = D.resolve(D.read_deployment(dict(framework='vllm', tensor_par=8,
+                                         isl=1024, osl=1024)), app, system)
+  m = memory(app, system, dep, worker(dep), 1024, 1024)
+  norms = 2 * 8192 * 80 + 8192
+  weights = 2 * ((70_553_706_496 - norms) / 8 + norms)
+  act = 8192 * (3 * 8192 + 2 * 28672 / 8) * 2 + 1024 * 128256 / 8 * 4
+  runtime = (0.75 + 0.57) * 2 ** 30
+  kv = 0.9 * 80 * 2 ** 30 - weights - act - runtime
+  assert m['weights_bytes'] == pytest.approx(weights, rel=1e-12)
+  assert m['kv_cache_bytes'] == pytest.approx(kv, rel=1e-9)
+  tokens = (kv // (40960 * 16)) * 16
+  assert m['kv_tokens'] == tokens
+  assert m['max_concurrency'] == tokens // 2048
