@@ -874,6 +874,10 @@ FIELDS = {
 
 
 def _dep(name, spec, group, doc, **kw):
+  if kw.get('absent', REQUIRED) is not REQUIRED and not kw.get('absent_doc'):
+    value = kw['absent']
+    kw['absent_doc'] = (f'"{value}"' if isinstance(value, str) else
+                        str(value))
   return Field(name, 'deployment', spec, group, doc, **kw)
 
 
