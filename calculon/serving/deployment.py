@@ -143,10 +143,9 @@ def resolve(fields, app, system, source='<deployment>'):
       _fail(source, prefix + 'pipeline_par', pp, 'it must be <= the '
             f"application's num_blocks ({app.num_blocks})")
     etp = d['expert_tensor_par']
-    ep = d.get(prefix + 'expert_par') or d['expert_par'] or \
-      max(1, tp * d['attention_dp'] // etp) if app.is_moe else 1
-    if not app.is_moe:
-      ep = d.get(prefix + 'expert_par') or d['expert_par'] or 1
+    ep = d.get(prefix + 'expert_par') or d['expert_par']
+    if ep is None:
+      ep = max(1, tp * d['attention_dp'] // etp) if app.is_moe else 1
     check_worker(app, tp, ep, etp, d['attention_dp'], source,
                  '' if not prefix or d.get(prefix + 'tensor_par') is None
                  else prefix)

@@ -43,7 +43,7 @@ _SKIP = (TPComm, ExpertComm, Fork)
 REDUCE_BYTES = 2
 
 
-def _record(tp, adp, dtype):
+def _record(dtype):
   return dict(
     num_procs=1, tensor_par=1, pipeline_par=1, data_par=1,
     tensor_par_net=0, pipeline_par_net=0, data_par_net=0, batch_size=1,
@@ -61,7 +61,7 @@ def engine_block(app, system, tp, batch, seq, dtype):
   scalar) in datatype ``dtype`` (name), inference.  Returns the layer
   list (:func:`calculon.llm.block.build_block`)."""
   app_s = dataclasses.replace(app, seq_size=int(seq))
-  cols = ExecutionColumns.from_records([_record(1, 1, dtype)])
+  cols = ExecutionColumns.from_records([_record(dtype)])
   shape = np.broadcast_shapes(np.shape(tp), np.shape(batch))
   cols.tensor_par = np.broadcast_to(np.asarray(tp, dtype=np.int64), shape)
   cols.microbatch_size = np.broadcast_to(np.asarray(batch, dtype=np.int64),
@@ -163,12 +163,18 @@ def block_comm_s(app, system, tokens, tp, ep, adp, moe):
   dense MLP (Shoeybi et al. 2019, Megatron-LM section 3: two all-reduces
   per block in the forward), or, in an MoE block with EP > 1, the token
   dispatch and combine all-to-alls over the EP group (each GPU sends its
-  tokens' k copies of the hidden state, 16-bit)."""
+  tokens' k copies of the hidden state, 16-bit), on tier 1 when the group
+  spans more than one tier-0 domain."""
   msg = tokens * app.hidden * REDUCE_BYTES
   attn = comm.all_reduce_time_s(system, msg, tp)
   if not moe:
     return attn + comm.all_reduce_time_s(system, msg, tp)
   a2a = comm.all_to_all_time_s(system, msg * app.top_k, ep)
+  if system.num_networks > 1:
+    # An EP group beyond one tier-0 domain crosses tier 1.
+    a2a = np.where(np.asarray(ep) > system.networks.size[0],
+                   comm.all_to_all_time_s(system, msg * app.top_k, ep, 1),
+                   a2a)
   return attn + np.where(np.asarray(ep) > 1, 2 * a2a,
                          comm.all_reduce_time_s(system, msg, tp))
 
@@ -228,9 +234,12 @@ def forward_s(app, system, w, batch, seq, dtype):
                                            True)
   attention = blocks * attn
   head = lm_head_s(app, system, code, batch, tp)
+  # A worker within one tier-0 domain sends over tier 0, else tier 1.
+  size = tp * pp * adp
+  tier = np.where(size <= system.networks.size[0], 0,
+                  min(1, system.num_networks - 1))
   pp_s = np.where(pp > 1, comm.p2p_time_s(
-    system, tokens * app.hidden * REDUCE_BYTES,
-    0 if system.num_networks == 1 else 0), 0.0)
+    system, tokens * app.hidden * REDUCE_BYTES, tier), 0.0)
   stage = attention + mlp + comm_s + head + pp_s
   return ForwardTimes(attention, mlp, comm_s, head, pp_s, stage,
                       attention + mlp + comm_s)
