@@ -205,3 +205,43 @@ def measured_section(gpu, folder=None, framework=None, version=None,
   if attention is not None:
     out['attention'] = attention
   return out
+
+
+#: GPU folders of the database for the bundled system files' GPUs.
+GPU_FOLDERS = {'a100': 'a100_sxm', 'h100': 'h100_sxm', 'h200': 'h200_sxm',
+               'b200': 'b200_sxm', 'b300': 'b300_sxm', 'gb200': 'gb200',
+               'gb300': 'gb300'}
+
+
+def system_text(data):
+  """A system file's JSON text: indented as :func:`calculon.io.json_text`
+  writes it, with each innermost list of numbers (the measured tables'
+  rows) on one line, so that a table of thousands of points stays a few
+  hundred lines."""
+  import json
+  import re
+  from calculon.io import _clean
+  text = json.dumps(_clean(data), indent=2)
+  number = r'-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?'
+  pattern = re.compile(r'\[\s*(' + number + r'(?:,\s*' + number +
+                       r')*)\s*\]')
+  return pattern.sub(lambda m: '[' + ', '.join(
+    re.split(r',\s*', m.group(1))) + ']', text)
+
+
+def with_measured(base, section, note):
+  """System file dict ``base`` (unchanged) with ``measured`` = ``section``
+  and ``note`` appended to its ``notes``.  The attention table records the
+  base's ``fused_attention_efficiency`` (absent: 1) as the one it stands
+  for (:meth:`calculon.llm.layers.FlashAttention._measured_time_s`)."""
+  out = dict(base)
+  if 'attention' in section:
+    section = dict(section)
+    section['attention'] = dict(
+      section['attention'], fused_attention_efficiency=float(
+        base.get('fused_attention_efficiency', 1.0)))
+  notes = out.get('notes', [])
+  notes = [notes] if isinstance(notes, str) else list(notes)
+  out['notes'] = notes + [note]
+  out['measured'] = section
+  return out

@@ -181,6 +181,10 @@ class MeasuredKernels:
       self._attention = LogGrid((a['head_dim'], a['isl'], a['heads']), lat,
                                 ATTENTION_ABOVE, ATTENTION_BELOW)
     self.has_attention = self._attention is not None
+    #: The system ``fused_attention_efficiency`` the attention table stands
+    #: for (the file's when the table was imported), or None.
+    self.attention_reference_efficiency = None if cfg.attention is None \
+      else cfg.attention.get('fused_attention_efficiency')
     self._nccl = {}
     if cfg.nccl is not None:
       c = cfg.nccl

@@ -1390,12 +1390,23 @@ class FlashAttention(Layer):
     this head width, query length and head count (:meth:`~calculon.
     kernels.tables.MeasuredKernels.attention_flops_per_s`; the layer's own
     FLOP, so causal masking, a sliding window and context parallelism's
-    longer key range scale it); the backward that forward time x
+    longer key range scale it), slowed by the system's
+    ``fused_attention_efficiency`` over the one the table stands for
+    (``measured.attention.fused_attention_efficiency``, the best kernel's:
+    a rule naming a slower kernel lowers the former); the backward that
+    forward time x
     :data:`~calculon.kernels.tables.ATTENTION_BACKWARD_RATIO` x (the
     backward's FLOP / 2.5 x the forward's: 1 for equal head widths)."""
     from calculon.kernels.tables import ATTENTION_BACKWARD_RATIO
-    rate = self.ctx.system.measured.attention_flops_per_s(
-      *self.attention_shape)
+    system = self.ctx.system
+    rate = system.measured.attention_flops_per_s(*self.attention_shape)
+    # A kernel slower than the one measured (the system's
+    # fused_attention_efficiency lowered from the one the table stands
+    # for: FlashAttention-2 on Hopper) runs that much slower.
+    ref = system.measured.attention_reference_efficiency
+    eff = system.fused_attention_efficiency
+    if eff is not None and ref is not None and eff != ref:
+      rate = rate * (eff / ref)
     fw = self.fw_flops / rate
     if stage == 'fw':
       return fw
@@ -1600,7 +1611,12 @@ class GroupedLinear(Layer):
   def __init__(self, name, ctx, experts, m, n, k, expert=True, **flags):
     self.experts = experts
     self.expert = expert
-    self.gemm = (m, n, k, experts)
+    # Priced from a measured table as one GEMM over all local experts'
+    # tokens (a grouped GEMM is one kernel: DeepGEMM's and Transformer
+    # Engine's grouped GEMMs, cuBLAS grouped GEMM), the grouped-GEMM
+    # efficiency applied on top.
+    self.gemm = (experts * m, n, k, 1)
+    self.gemm_wgrad = (m, n, experts * k, 1)
     gemm = 2.0 * m * n * k
     super().__init__(name, ctx, fw_flops=experts * gemm,
                      agrad_flops=experts * gemm, wgrad_flops=experts * gemm,
@@ -1620,8 +1636,9 @@ class GroupedLinear(Layer):
       each = self.flops(stage) / self.experts
       with np.errstate(divide='ignore', invalid='ignore'):
         if self.measured(stage):
-          t = measured_gemm_time_s(self.ctx.system, self.dtype, self.gemm,
-                                   stage)
+          t = measured_gemm_time_s(
+            self.ctx.system, self.dtype,
+            self.gemm_wgrad if stage == 'wgrad' else self.gemm, stage)
         else:
           t = self.ctx.system.matrix.time_s(self.dtype, each) * self.experts
       t = where(self.experts == 0, 0.0, np.nan_to_num(t))
