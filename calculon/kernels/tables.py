@@ -195,6 +195,30 @@ class MeasuredKernels:
     self.has_nccl = bool(self._nccl)
     self.nccl_max_gpus = max(cfg.nccl['gpus']) if self._nccl else 0
 
+  def terms(self):
+    """The terms the tables price, in words (list of str): which of the
+    engine's times came from measurement."""
+    out = []
+    if self._gemm:
+      out.append('GEMM (' + ', '.join(sorted(self._gemm)) + ')')
+    if self.has_attention:
+      out.append('attention forward (backward x '
+                 f'{ATTENTION_BACKWARD_RATIO:.2f})')
+    if self._nccl:
+      out.append('NCCL on tier 0 (' + ', '.join(sorted(self._nccl)) + ')')
+    return out
+
+  def describe(self):
+    """One line: what is measured and where it comes from."""
+    src = self.cfg.source or {}
+    origin = ' '.join(str(src[k]) for k in ('package', 'package_version',
+                                            'gpu') if src.get(k))
+    table = self.cfg.gemm or self.cfg.attention or {}
+    if table.get('framework'):
+      origin += f" ({table['framework']} {table.get('version', '')})"
+    return '; '.join(self.terms()) + (f' from {origin.strip()}'
+                                      if origin.strip() else '')
+
   def gemm_dtype_key(self, dtype_name):
     """The GEMM table key for Calculon datatype ``dtype_name``, or None
     (no table: the curve prices it)."""
