@@ -1405,8 +1405,8 @@ class FlashAttention(Layer):
     # for: FlashAttention-2 on Hopper) runs that much slower.
     ref = system.measured.attention_reference_efficiency
     eff = system.fused_attention_efficiency
-    if eff is not None and ref is not None and eff != ref:
-      rate = rate * (eff / ref)
+    if eff is not None and ref is not None:
+      rate = rate * (np.asarray(eff) / ref)
     fw = self.fw_flops / rate
     if stage == 'fw':
       return fw
