@@ -180,3 +180,24 @@ def test_bundled_measured_files(name, gpu, bf16_ms, fp8_ms):
   assert gemm_time_s(system, 8192, 8192, 8192, 'float8') * 1e3 == \
     pytest.approx(fp8_ms, rel=1e-4)
   assert os.path.getsize(path) < 1_000_000
+
+
+def test_report_names_measured_terms():
+  res = run_cli('llm', repo('models', 'llama3.1-405B.json'),
+                repo('examples', 'llama3.1-405b_16384_tp8_pp16_dp128.json'),
+                repo('systems', 'gb200_nvl72_measured.json'), '-')
+  text = res.stdout + res.stderr
+  assert res.returncode == 0, text
+  assert 'Measured kernels: GEMM (bfloat16, fp8, nvfp4); attention ' \
+    'forward (backward x 2.86); NCCL on tier 0' in text
+  assert 'from aiconfigurator-core 0.12.0 gb200 (trtllm 1.3.0rc20)' in text
+
+
+def test_calibrate_refuses_measured_parameters():
+  from calculon.validation.calibrate import parameter_bounds
+  cfg = read_json_file(repo('systems', 'h100_sxm_80g_measured.json'))
+  with pytest.raises(ConfigError, match="parameter 'matrix' is not allowed: "
+                     'the system prices what it scales from its measured '
+                     'gemm table'):
+    parameter_bounds(cfg, 'matrix')
+  assert parameter_bounds(cfg, 'net1')[1] > 1.0
