@@ -1,7 +1,7 @@
 """Accuracy of the model on the bundled measured runs, before and after
 calibration, cross-validated (the numbers of docs/accuracy.md).
 
-    python benchmarks/accuracy.py [--runs CSV ...] [--out DIR] [--every-parameter]
+    python benchmarks/accuracy.py [--runs CSV ...] [--out DIR] [-b DIR] [--every-parameter]
 
 1. The published suite with the datasheet system files (uncalibrated:
    systems/X_datasheet.json where the default systems/X.json is the
@@ -91,12 +91,16 @@ def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   ap.add_argument('--runs', nargs='+', default=None)
   ap.add_argument('--out', default=None)
+  ap.add_argument('-b', '--base-dir', default=None,
+                  help='folder with models/, systems/ and validation/ '
+                  '(default: the repository; e.g. one whose '
+                  'systems/X_datasheet.json are the measured files)')
   ap.add_argument('--every-parameter', action='store_true',
                   help='also the bound of a per-system calibration: every '
                   'determined parameter, in sample and left one run out')
   args = ap.parse_args(argv)
   t0 = time.time()
-  suite = P.Suite(ROOT, args.runs)
+  suite = P.Suite(args.base_dir or ROOT, args.runs)
   frame = P.results_frame(P.run_suite(suite))
   t1 = time.time()
   print(P.format_report(frame))

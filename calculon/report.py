@@ -249,6 +249,8 @@ def _show(value):
 def text_report(data, layers=True):
   """The readable report (a string) of :class:`RunData` ``data``."""
   lines = ['=' * 78] + header_lines(data) + ['', 'Speed']
+  if getattr(data.system, 'measured', None) is not None:
+    lines.insert(-1, 'Measured kernels: ' + data.system.measured.describe())
   for label, value, unit in data.speed():
     lines.append(f'  {label:<34} {value:>12.3f} {unit}')
   lines += ['', 'Time per batch (adds up to the batch time)']

@@ -174,7 +174,12 @@ def run(args, log):
   for mode, frame in result.cv.items():
     log.info('')
     log.info(C.format_cv(C.cv_summary(frame), titles[mode]))
-  write_json_file(result.calibrated, out)
+  if 'measured' in result.calibrated and out.endswith('.json'):
+    from calculon import outputs
+    from calculon.kernels.import_kernels import system_text
+    outputs.write_text(out, system_text(result.calibrated))
+  else:
+    write_json_file(result.calibrated, out)
   log.info('')
   log.info(f'wrote {out}')
   return EXIT_OK

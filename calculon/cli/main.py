@@ -72,7 +72,7 @@ class _Parser(argparse.ArgumentParser):
 #: Modules of calculon.cli that register commands (``add_parsers(sp)``).
 COMMAND_MODULES = ('llm', 'search', 'validation', 'calibrate', 'tools',
                    'sweep', 'plot', 'hf', 'profile', 'plan', 'frameworks',
-                   'serve')
+                   'serve', 'kernels')
 #: Which of them registers each command name (aliases included), so that a
 #: run builds only its own command's parser (start-up).  A command missing
 #: here still works: the whole parser is built.
@@ -86,6 +86,7 @@ COMMAND_OF = {
   'profile': 'profile', 'profile-step': 'profile', 'calibrate': 'calibrate',
   'plan': 'plan', 'frameworks': 'frameworks',
   'serve': 'serve', 'serve-search': 'serve',
+  'import-kernels': 'kernels',
 }
 #: Global options that take a value (skipped to find the command).
 _VALUE_OPTIONS = ('-l', '--log', '-v', '--verbosity')

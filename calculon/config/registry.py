@@ -863,6 +863,38 @@ SYSTEM = (
   _sys('grouped_gemm_efficiency', _EFF, 'kernels',
        "the same for the MoE layers' grouped expert GEMMs", absent=None,
        absent_doc='1 (as a GEMM)'),
+  _sys('measured', Spec('dict'), 'kernels',
+       'measured kernel tables the engine prices from (calculon '
+       'import-kernels): GEMMs at their own shape, fused attention, NCCL '
+       'collectives on network tier 0; the curves and the network model '
+       'price what they do not cover', absent=None,
+       absent_doc='none: the curves and the network model (Calculon)',
+       source="NVIDIA AIConfigurator's database (aiconfigurator-core "
+       '0.12.0, Apache-2.0)'),
+  _sys('measured.source', Spec('dict'), 'kernels',
+       'provenance: package and version (or folder), GPU, device',
+       absent=None, absent_doc='none'),
+  _sys('measured.gemm', Spec('dict'), 'kernels',
+       'GEMM latency over m, n, k (x (m, k) @ W (n, k)^T) per datatype '
+       '(latency_ms: bfloat16, fp8, fp8_block, nvfp4), with the collecting '
+       'framework, version and collection meta; interpolated in log space, '
+       'latency proportional beyond the largest size and held below the '
+       'smallest', absent=None, absent_doc='GEMMs on the matrix curves',
+       unit='ms'),
+  _sys('measured.attention', Spec('dict'), 'kernels',
+       'causal context attention latency over head_dim, isl and heads '
+       '(batch x query heads), bfloat16; the backward is the forward x '
+       '2.86 (FlashAttention-2/3 papers) until a measured backward exists',
+       absent=None, absent_doc='fused attention on the matrix curves',
+       unit='ms', source='Dao 2023 (FlashAttention-2, algorithm 2); Shah '
+       'et al. 2024 (FlashAttention-3, sections 1 and 4.1)'),
+  _sys('measured.nccl', Spec('dict'), 'kernels',
+       'NCCL collective latency over gpus and bytes (the nccl-tests '
+       'buffer) per operation (all_gather, reduce_scatter, all_reduce, '
+       'alltoall): collectives on network tier 0', absent=None,
+       absent_doc="tier 0's network model", unit='ms',
+       source='nccl-tests (AIConfigurator collector/network/'
+       'collect_nccl.py)'),
 )
 
 #: kind -> {name: Field}, in file order.

@@ -5,6 +5,8 @@ Units follow Calculon's JSON: TFLOP/s and GFLOP thresholds for processors
 for memories, GB/s (SI) bandwidth and seconds of latency for networks.
 """
 
+import dataclasses
+
 from calculon.config._record import frozen_record
 
 from calculon.config._schema import Reader, Spec
@@ -308,6 +310,80 @@ class MemoryReserveConfig:
     sub.finish()
     return cls(**values)
 
+#: Tables of a system's ``measured`` section: name -> (axes, the keys of its
+#: ``latency_ms``: any, or the allowed ones).
+MEASURED_TABLES = {
+  'gemm': (('m', 'n', 'k'), ('bfloat16', 'fp8', 'fp8_block', 'nvfp4')),
+  'attention': (('head_dim', 'isl', 'heads'), ('bfloat16',)),
+  'nccl': (('gpus', 'bytes'), ('all_gather', 'reduce_scatter', 'all_reduce',
+                               'alltoall')),
+}
+
+
+@frozen_record
+class MeasuredConfig:
+  """Measured kernel tables (the JSON's optional ``measured``; None
+  without it: every kernel priced by the curves and the network model).
+
+  Built by ``calculon import-kernels`` (:mod:`calculon.kernels.
+  import_kernels`); priced by :mod:`calculon.kernels.tables`.  Each of
+  ``gemm``, ``attention``, ``nccl`` is None or a dict: its axes (ascending
+  positive numbers), ``latency_ms`` {key: nested lists of positive
+  latencies in ms over the axes, in axis order}, and its provenance
+  (``framework``, ``version``, ``collection_meta``, ``kernel_source``, ...,
+  kept as written).  ``source``: where the tables come from (package,
+  version, GPU, device).
+  """
+  source: object = dataclasses.field(default=None, hash=False, repr=False)
+  gemm: object = dataclasses.field(default=None, hash=False, repr=False)
+  attention: object = dataclasses.field(default=None, hash=False,
+                                        repr=False)
+  nccl: object = dataclasses.field(default=None, hash=False, repr=False)
+
+  @classmethod
+  def read(cls, reader, name):
+    import numpy as np
+    sub = Reader(reader.get(name, Spec('dict')), reader.source,
+                 reader.field_path(name))
+    values = {}
+    if 'source' in sub.obj:
+      values['source'] = sub.get('source', Spec('dict'))
+    for table, (axes, keys) in MEASURED_TABLES.items():
+      if table not in sub.obj:
+        continue
+      tsub = Reader(sub.get(table, Spec('dict')), reader.source,
+                    sub.field_path(table))
+      shape = []
+      for axis in axes:
+        vals = tsub.get(axis, Spec('list'))
+        if not vals or not all(Spec('number', lo=0, lo_open=True).accepts(v)
+                               for v in vals) or \
+            any(b <= a for a, b in zip(vals, vals[1:])):
+          tsub.fail(axis, vals, 'a non-empty list of positive numbers, '
+                    'strictly ascending')
+        shape.append(len(vals))
+      lat = tsub.get('latency_ms', Spec('dict'))
+      if not lat:
+        tsub.fail('latency_ms', lat, 'an object {' + ', '.join(keys) +
+                  ': latencies}')
+      for key, grid in lat.items():
+        where = f'latency_ms.{key}'
+        if key not in keys:
+          tsub.fail(where, key, 'one of ' + ', '.join(keys))
+        try:
+          arr = np.asarray(grid, dtype=float)
+        except (TypeError, ValueError):
+          arr = None
+        if arr is None or arr.shape != tuple(shape) or \
+            not np.all(np.isfinite(arr)) or np.any(arr <= 0):
+          tsub.fail(where, grid, 'nested lists of positive latencies (ms) '
+                    'of shape ' + ' x '.join(str(n) for n in shape) +
+                    ' (' + ', '.join(axes) + ')')
+      tsub._used.update(tsub.obj)   # provenance fields, kept as written
+      values[table] = dict(tsub.obj)
+    sub.finish()
+    return cls(**values)
+
 
 #: Optional sections of a whole training run (:mod:`calculon.config.
 #: whole_run`, read only when a file has one).
@@ -338,6 +414,7 @@ class SystemConfig:
   reliability: object = None
   storage: object = None
   power: object = None
+  measured: object = None
 
   @classmethod
   def from_dict(cls, cfg, source='<system>'):
@@ -357,6 +434,8 @@ class SystemConfig:
     shares the link to memory tier 2, the host memory behind it) and
     ``memory_reserve`` (:class:`MemoryReserveConfig`: memory beyond the
     tensors, the headroom a run leaves); absent: None, Calculon's model.
+    Optional ``measured`` (:class:`MeasuredConfig`: measured GEMM,
+    attention and NCCL tables the engine prices from); absent: None.
 
     Raises:
       ConfigError: any field missing, unknown, or out of range; a datatype
@@ -386,6 +465,8 @@ class SystemConfig:
                   f'of the {len(networks)} network tiers')
     reserve = MemoryReserveConfig.read(reader, 'memory_reserve') \
       if 'memory_reserve' in cfg else None
+    measured = MeasuredConfig.read(reader, 'measured') \
+      if 'measured' in cfg else None
     whole_run = {}
     if any(name in cfg for name in WHOLE_RUN_SECTIONS):
       from calculon.config.whole_run import SECTIONS  # only when used
@@ -400,4 +481,4 @@ class SystemConfig:
         source=source, field='matrix', value=diff[0],
         allowed='the same datatypes in matrix and vector')
     return cls(matrix, vector, mem1, mem2, mode, networks, overhead, fused,
-               grouped, host, reserve, **whole_run)
+               grouped, host, reserve, measured=measured, **whole_run)

@@ -58,6 +58,9 @@ class Networks:
     self.step_latency_s = np.array([np.nan if v is None else v
                                     for v in steps], dtype=float)
     self.has_steps = bool(np.any(~np.isnan(self.step_latency_s)))
+    #: Measured NCCL tables for tier 0 (:class:`~calculon.kernels.tables.
+    #: MeasuredKernels`, set by the system), or None.
+    self.measured = None
 
   def __len__(self):
     return len(self.tiers)
@@ -70,9 +73,30 @@ class Networks:
       op_bytes: bytes of the operation's buffer (array or scalar).
       peers: participants (2 for p2p), array or scalar.
       tier: network tier index, array or scalar.
+
+    With a measured NCCL table (the system file's ``measured.nccl``), a
+    collective on tier 0 (inside a node) takes the table's time for its
+    buffer and GPU count (:meth:`~calculon.kernels.tables.MeasuredKernels.
+    collective_time_s`); the tiers above keep the model.
     """
-    return self.latency_s_of(op, peers, tier) + \
+    model = self.latency_s_of(op, peers, tier) + \
       self._bytes(op, op_bytes, peers, tier) / self.rate(tier)
+    return self._measured_tier0(op, op_bytes, peers, tier, model)
+
+  def _measured_tier0(self, op, op_bytes, peers, tier, model):
+    """``model``, with the measured NCCL time where ``tier`` is 0."""
+    measured = self.measured
+    if measured is None or not measured.has_collective(op):
+      return model
+    if np.ndim(tier) == 0:
+      if int(tier) != 0:
+        return model
+      return measured.collective_time_s(op, op_bytes, peers)
+    on = np.asarray(tier) == 0
+    if not on.any():
+      return model
+    return np.where(on, measured.collective_time_s(op, op_bytes, peers),
+                    model)
 
   def latency_s_of(self, op, peers, tier, peers_per_domain=1):
     """Latency (s) of one ``op`` among ``peers`` on ``tier``.
@@ -156,8 +180,9 @@ class Networks:
         below (array or scalar, >= 1).
     """
     if not self.has_rails:
-      return self.latency_s_of(op, peers, tier, peers_per_domain) + \
+      model = self.latency_s_of(op, peers, tier, peers_per_domain) + \
         self._bytes(op, op_bytes, peers, tier) / self.rate(tier)
+      return self._measured_tier0(op, op_bytes, peers, tier, model)
     rate = self.rate(tier)
     below = np.maximum(np.asarray(tier) - 1, 0)
     g = np.where(np.asarray(tier) > 0,
@@ -168,8 +193,9 @@ class Networks:
                                                             below)
     rate = np.where(g > 1, np.minimum(g * rate, self.rate(below) * ratio),
                     rate)
-    return self.latency_s_of(op, peers, tier, peers_per_domain) + \
+    model = self.latency_s_of(op, peers, tier, peers_per_domain) + \
       self._bytes(op, op_bytes, peers, tier) / rate
+    return self._measured_tier0(op, op_bytes, peers, tier, model)
 
   def usage(self, tier):
     """Fraction of processor compute used to drive tier ``tier``."""

@@ -41,6 +41,15 @@ class System:
     self.mem2 = Memory(cfg.mem2)
     self.proc_mode = cfg.processing_mode
     self.networks = Networks(cfg.networks)
+    #: Measured kernel tables (:class:`~calculon.kernels.tables.
+    #: MeasuredKernels`) of the file's ``measured`` section, or None: the
+    #: curves and the network model price everything (Calculon).
+    self.measured = None
+    if cfg.measured is not None:
+      from calculon.kernels.tables import MeasuredKernels
+      self.measured = MeasuredKernels(cfg.measured)
+      self.networks.measured = self.measured if self.measured.has_nccl \
+        else None
     self.datatype = None
     #: Fixed overheads (s) of the system file's ``overhead``; None without
     #: (the engine then adds nothing: Calculon).

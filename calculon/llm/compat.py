@@ -249,6 +249,8 @@ class Llm:
     if len(self._stats) > len(CALCULON_STAT_NAMES):
       out['framework'] = self.exe.config.framework
       out['framework_settings'] = dict(self.framework_settings)
+    if getattr(self.sys, 'measured', None) is not None:
+      out['measured_kernels'] = self.sys.measured.terms()
     if include_layers:
       per_layer = (layer_summary_json if include_layers == 'summary'
                    else layer_stats_json)

@@ -234,6 +234,9 @@ class Layer:
   """
 
   matrix = False
+  #: The layer's GEMM as (m tokens, n inputs, k outputs, count) for pricing
+  #: from a measured GEMM table (:func:`measured_gemm_time_s`), or None.
+  gemm = None
   #: Linear layers run in the narrow datatype under Transformer Engine.
   linear = False
   #: Routed-expert weights: reduced and sharded over the expert
@@ -393,10 +396,24 @@ class Layer:
     and its separate kernels (:meth:`side_bytes`)."""
     return _plus(self.kernel_mem_bytes(stage), self.side_bytes(stage))
 
+  def measured(self, stage):
+    """True (a bool) when ``stage`` of this layer is priced from a measured
+    table of the system (its time then includes its kernel's memory
+    traffic: :meth:`kernel_mem_time_s` is 0)."""
+    return self.gemm is not None and stage != 'optim' and \
+      self.ctx.system.measured is not None and \
+      measured_gemm_covers(self.ctx.system.measured, self.dtype)
+
   def flops_time_s(self, stage):
     """Compute time of ``stage`` on the matrix (GEMM layers) or vector
-    engine; the optimizer always runs on the vector engine."""
+    engine; the optimizer always runs on the vector engine.  A GEMM layer
+    on a system with a measured GEMM table for its datatype takes the
+    table's time for its GEMM's shape in that stage
+    (:func:`measured_gemm_time_s`)."""
     def compute():
+      if self.measured(stage):
+        return measured_gemm_time_s(self.ctx.system, self.dtype, self.gemm,
+                                    stage)
       flops = self.flops(stage)
       engine = self.ctx.system.matrix if self.matrix and stage != 'optim' \
         else self.ctx.system.vector
@@ -407,6 +424,8 @@ class Layer:
   def kernel_mem_time_s(self, stage):
     """Memory time of the layer's kernel in ``stage`` at tier-1 bandwidth
     for its access size."""
+    if self.measured(stage):
+      return 0.0
     return self._memo(('kernel_mem_time', stage), lambda: self.ctx.system.
                       mem1.time_s(self.kernel_mem_bytes(stage)))
 
@@ -531,6 +550,7 @@ class Linear(Layer):
   def __init__(self, name, ctx, m, n, k, narrow=True, quantizes_input=True,
                **flags):
     self.narrow = narrow
+    self.gemm = (m, n, k, 1)
     super().__init__(name, ctx, fw_flops=2.0 * m * n * k,
                      agrad_flops=2.0 * m * n * k, wgrad_flops=2.0 * m * n * k,
                      inputs=m * n, outputs=m * k, weights=n * k,
@@ -572,6 +592,55 @@ def chunked_gemm_time_s(matrix, dtype, flops, chunks):
   comm_gemm_overlap.cpp, ``split_overlap_ag`` and ``split_overlap_rs``: one
   cuBLAS GEMM per chunk)."""
   return chunks * matrix.time_s(dtype, flops / chunks)
+
+
+def measured_gemm_covers(kernels, dtype):
+  """True when measured tables ``kernels`` (:class:`~calculon.kernels.
+  tables.MeasuredKernels`) have a GEMM table for every datatype code of
+  ``dtype`` (scalar or array)."""
+  from calculon.config.execution import DATATYPE_NAMES
+  codes = np.unique(dtype) if np.ndim(dtype) else [dtype]
+  return all(kernels.gemm_dtype_key(DATATYPE_NAMES[int(c)]) is not None
+             for c in codes)
+
+
+def measured_gemm_time_s(system, dtype, gemm, stage, chunks=1):
+  """Seconds of a linear layer's GEMM in ``stage`` from the system's
+  measured GEMM table (:meth:`~calculon.kernels.tables.MeasuredKernels.
+  gemm_time_s`, whose GEMM is ``x (M, K) @ W (N, K)^T``).
+
+  ``gemm`` = (m tokens, n inputs, k outputs, count): the forward is the
+  GEMM (M, N, K) = (m, k, n); the activation gradient dX = dY W, (m, n,
+  k); the weight gradient dW = dY^T X, (k, n, m) (Megatron-LM
+  core/tensor_parallel/layers.py ``LinearWithGradAccumulationAndAsync
+  Communication.backward``: ``grad_output.matmul(weight)`` and
+  ``grad_output.t().matmul(total_input)``).  ``count`` GEMMs of that
+  shape (the experts of a grouped GEMM); ``chunks``: the GEMM cut along
+  its token rows into that many GEMMs (Transformer Engine's overlapped
+  chunks, :func:`te_gemm_chunks`).  ``dtype``: datatype code(s), each with
+  a table (:func:`measured_gemm_covers`).  Arrays broadcast."""
+  from calculon.config.execution import DATATYPE_NAMES
+  m, n, k, count = gemm
+  kernels = system.measured
+  if stage == 'fw':
+    shape = (m / chunks, k, n)
+  elif stage == 'agrad':
+    shape = (m / chunks, n, k)
+  else:
+    shape = (k, n, m / chunks)
+
+  def one(code):
+    key = kernels.gemm_dtype_key(DATATYPE_NAMES[int(code)])
+    return chunks * count * kernels.gemm_time_s(key, *shape)
+  if np.ndim(dtype) == 0:
+    return one(dtype)
+  codes = np.unique(dtype)
+  if len(codes) == 1:
+    return one(codes[0])
+  out = 0.0
+  for code in codes:
+    out = np.where(dtype == code, one(code), out)
+  return out
 
 
 class LinearOverlapped(Layer):
@@ -624,6 +693,7 @@ class LinearOverlapped(Layer):
     # sequence parallelism.
     q_in = where(seq_par, m * n // tp, m * n) if not conjugate else m * n
     q_grad = where(seq_par, m * k // tp, m * k) if conjugate else m * k
+    self.gemm = (m, n, k, 1)
     super().__init__(name, ctx, fw_flops=2.0 * m * n * k,
                      agrad_flops=2.0 * m * n * k, wgrad_flops=2.0 * m * n * k,
                      inputs=m * n, outputs=m * k, weights=n * k,
@@ -765,6 +835,11 @@ class LinearOverlapped(Layer):
   def _tile_flops_time_s(self, stage):
     """Matrix time of ``stage``'s GEMM run as :meth:`gemm_chunks` GEMMs
     (:func:`chunked_gemm_time_s`)."""
+    if self.measured(stage):
+      return self._memo(('tile_flops_time', stage),
+                        lambda: measured_gemm_time_s(
+                          self.ctx.system, self.dtype, self.gemm, stage,
+                          self.gemm_chunks(stage)))
     return self._memo(('tile_flops_time', stage), lambda: chunked_gemm_time_s(
       self.ctx.system.matrix, self.dtype, self.flops(stage),
       self.gemm_chunks(stage)))
@@ -1258,6 +1333,9 @@ class FlashAttention(Layer):
     q_elems = heads * q_len * head_size
     o_elems = heads * q_len * v_size
     self.lse_elems = heads * q_len
+    #: (head width, query length, batch x heads): the measured attention
+    #: table's coordinates (:meth:`flops_time_s`).
+    self.attention_shape = (head_size, q_len, heads)
     self.head_dim_factor = head_dim_factor(head_size, v_size)
     self.sequence_factor = sequence_factor(q_len, causal)
     super().__init__(name, ctx, fw_flops=fw, agrad_flops=2.0 * fw + 2.0 * qk,
@@ -1282,13 +1360,60 @@ class FlashAttention(Layer):
     :func:`sequence_factor` (the efficiency is quoted at head width 128 and
     16k tokens; a file without one runs the kernel at the GEMMs' rate
     there, the two factors being the kernel's own: a calibration's
-    attention scale at 1 prices the same as the file)."""
+    attention scale at 1 prices the same as the file).  On a system with a
+    measured attention table: :meth:`_measured_time_s` instead."""
+    if self.measured(stage):
+      return self._memo(('measured_attention', stage),
+                        lambda: self._measured_time_s(stage))
     time = super().flops_time_s(stage)
     if stage == 'optim':
       return time
     eff = self.ctx.system.fused_attention_efficiency
     factors = self.head_dim_factor * self.sequence_factor
     return time / (factors if eff is None else eff * factors)
+
+
+  def measured(self, stage):
+    """True when the system has a measured attention table and ``stage``
+    is the forward or the backward of a 16-bit kernel (the table's)."""
+    from calculon.config.execution import DATATYPE_NAMES
+    kernels = self.ctx.system.measured
+    if kernels is None or not kernels.has_attention or \
+        stage not in ('fw', 'agrad'):
+      return False
+    codes = np.unique(self.dtype) if np.ndim(self.dtype) else [self.dtype]
+    return all(DATATYPE_NAMES[int(c)] in ('bfloat16', 'float16')
+               for c in codes)
+
+  def _measured_time_s(self, stage):
+    """The forward at the measured causal attention kernel's FLOP/s for
+    this head width, query length and head count (:meth:`~calculon.
+    kernels.tables.MeasuredKernels.attention_flops_per_s`; the layer's own
+    FLOP, so causal masking, a sliding window and context parallelism's
+    longer key range scale it), slowed by the system's
+    ``fused_attention_efficiency`` over the one the table stands for
+    (``measured.attention.fused_attention_efficiency``, the best kernel's:
+    a rule naming a slower kernel lowers the former); the backward that
+    forward time x
+    :data:`~calculon.kernels.tables.ATTENTION_BACKWARD_RATIO` x (the
+    backward's FLOP / 2.5 x the forward's: 1 for equal head widths)."""
+    from calculon.kernels.tables import ATTENTION_BACKWARD_RATIO
+    system = self.ctx.system
+    rate = system.measured.attention_flops_per_s(*self.attention_shape)
+    # A kernel slower than the one measured (the system's
+    # fused_attention_efficiency lowered from the one the table stands
+    # for: FlashAttention-2 on Hopper) runs that much slower.
+    ref = system.measured.attention_reference_efficiency
+    eff = system.fused_attention_efficiency
+    if eff is not None and ref is not None:
+      rate = rate * (np.asarray(eff) / ref)
+    fw = self.fw_flops / rate
+    if stage == 'fw':
+      return fw
+    with np.errstate(divide='ignore', invalid='ignore'):
+      share = np.where(self.fw_flops > 0,
+                       self.agrad_flops / (2.5 * self.fw_flops), 1.0)
+    return fw * ATTENTION_BACKWARD_RATIO * share
 
 
 class ContextParallelMerge(Layer):
@@ -1486,6 +1611,12 @@ class GroupedLinear(Layer):
   def __init__(self, name, ctx, experts, m, n, k, expert=True, **flags):
     self.experts = experts
     self.expert = expert
+    # Priced from a measured table as one GEMM over all local experts'
+    # tokens (a grouped GEMM is one kernel: DeepGEMM's and Transformer
+    # Engine's grouped GEMMs, cuBLAS grouped GEMM), the grouped-GEMM
+    # efficiency applied on top.
+    self.gemm = (experts * m, n, k, 1)
+    self.gemm_wgrad = (m, n, experts * k, 1)
     gemm = 2.0 * m * n * k
     super().__init__(name, ctx, fw_flops=experts * gemm,
                      agrad_flops=experts * gemm, wgrad_flops=experts * gemm,
@@ -1504,7 +1635,12 @@ class GroupedLinear(Layer):
     def compute():
       each = self.flops(stage) / self.experts
       with np.errstate(divide='ignore', invalid='ignore'):
-        t = self.ctx.system.matrix.time_s(self.dtype, each) * self.experts
+        if self.measured(stage):
+          t = measured_gemm_time_s(
+            self.ctx.system, self.dtype,
+            self.gemm_wgrad if stage == 'wgrad' else self.gemm, stage)
+        else:
+          t = self.ctx.system.matrix.time_s(self.dtype, each) * self.experts
       t = where(self.experts == 0, 0.0, np.nan_to_num(t))
       # A grouped GEMM of many small per-expert problems does not reach the
       # efficiency of a dense GEMM of the same size (DeepSeek-AI DeepGEMM

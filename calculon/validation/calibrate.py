@@ -138,6 +138,12 @@ def _max_eff(curve):
   return max(e for _, e in curve)
 
 
+#: Parameters a system's measured table replaces (``measured.<table>``):
+#: calibration fits only what is not measured.
+MEASURED_PARAMETERS = {'matrix': 'gemm', 'matrix_narrow': 'gemm',
+                       'attention': 'attention', 'net0': 'nccl'}
+
+
 def parameter_bounds(cfg, name, theta=None):
   """(low, high) of parameter ``name`` for system JSON ``cfg``: a scale
   keeps every efficiency it multiplies <= 1, and the matrix scales (the
@@ -150,6 +156,11 @@ def parameter_bounds(cfg, name, theta=None):
   theta = theta or {}
   if name in OVERHEADS:
     return 0.0, OVERHEAD_BOUNDS[name]
+  table = MEASURED_PARAMETERS.get(name)
+  if table is not None and table in (cfg.get('measured') or {}):
+    raise ConfigError(f"parameter {name!r} is not allowed: the system prices "
+                      f"what it scales from its measured {table} table",
+                      field='params', value=name)
   if name == 'matrix':
     top = max(_max_eff(d['gflops_efficiency']) for d in cfg['matrix'].values())
     return MIN_SCALE, min(1.0 / top, MATRIX_SCALE_MAX)

@@ -166,6 +166,31 @@ def _batch_from_text(text, seq):
   return None
 
 
+#: Tokens per global batch where a row states neither the batch nor a model
+#: the name points to: 4 Mi tokens (2**22), the pretraining batch of Llama 2
+#: (Touvron et al. 2023, arXiv 2307.09288, section 2.2: 4M tokens), Llama 3
+#: 405B's first stage (arXiv 2407.21783, section 3.4.1: 4M tokens) and OLMo
+#: 2 7B (arXiv 2501.00656: 1,024 x 4,096); the batch is
+#: that over the sequence length (flagged as assumed).
+DEFAULT_BATCH_TOKENS = 1 << 22
+
+
+def _gpus_from_text(text):
+  """The GPU count a text states as 'N nodes x G' (N x G) or 'N,NNN <GPU>'
+  / 'N <GPU>' (a number before an NVIDIA GPU name), or None: the source's
+  stated scale where the row's GPU count is empty."""
+  text = str(text or '')
+  m = re.search(r'(\d[\d,]*)\s*nodes?\s*(?:x|\u00d7)\s*(\d+)', text)
+  if m:
+    return int(m.group(1).replace(',', '')) * int(m.group(2))
+  m = re.search(r'(?<![\d.])(\d{1,3}(?:,\d{3})+|\d+)\s*(?:x\s*)?'
+                r'(?:NVIDIA\s+)?(?:A100|H100|H200|H800|B200|B300|GB200|GB300)',
+                text)
+  if m:
+    return int(m.group(1).replace(',', ''))
+  return None
+
+
 def published_rate(row, gpus, flops_per_token, peak_flops):
   """The step rate a row's ``mfu_or_tflops`` text states for ``gpus``
   GPUs, as tokens per second per GPU: a tokens/s/GPU figure as it is, an
@@ -335,6 +360,13 @@ def price_row(suite, row, workers=1):
     gpus = facts['gpus']
     out.assumptions.append(('gpus', gpus, facts['why_gpus']))
   if gpus is None:
+    for col in ('gpu_type', 'parallelism', 'notes'):
+      gpus = _gpus_from_text(row.get(col))
+      if gpus is not None:
+        out.assumptions.append(('gpus', gpus, f'the scale the {col} text '
+                                'states (the column is empty)'))
+        break
+  if gpus is None:
     out.reason = 'GPU count not stated'
     return out
   batch = _count(row.get('global_batch_size'))
@@ -347,6 +379,12 @@ def price_row(suite, row, workers=1):
   if batch is None and facts.get('batch'):
     batch = facts['batch']
     out.assumptions.append(('batch', batch, facts['why_batch']))
+  if batch is None and seq:
+    batch = max(1, DEFAULT_BATCH_TOKENS // seq)
+    out.assumptions.append((
+      'batch', batch, f'not stated: {DEFAULT_BATCH_TOKENS:,} tokens per '
+      f'batch over the sequence {seq} (Llama 2, Llama 3, OLMo 2 '
+      'pretraining)'))
   if batch is None:
     out.reason = 'global batch not stated'
     return out

@@ -1,0 +1,203 @@
+"""Measured kernel tables: import from AIConfigurator's layout, the
+interpolation, the engine pricing from them, the bundled measured files."""
+
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calculon.config.execution import DATATYPE_NAMES
+from calculon.errors import ConfigError
+from calculon.hardware import System
+from calculon.io import read_json_file
+from calculon.kernels import import_kernels
+from calculon.kernels.tables import LogGrid, gemm_time_s
+from calculon.llm.layers import measured_gemm_time_s
+from conftest import repo, run_cli
+
+BF16 = DATATYPE_NAMES.index('bfloat16')
+MS = (256, 1024, 2048)
+NS = (512, 1024, 2048, 4096)
+KS = NS
+
+
+def _gemm_ms(m, n, k):
+  """Synthetic latency (ms): 2 m n k FLOP at 100 TFLOP/s plus 10 us."""
+  return 2.0 * m * n * k / 100e12 * 1e3 + 0.01
+
+
+def _meta(folder, framework, version, table):
+  os.makedirs(folder, exist_ok=True)
+  with open(os.path.join(folder, 'collection_meta.yaml'), 'w') as f:
+    f.write(f'schema_version: 1\nprovenance: collected\nruntime:\n'
+            f'  framework: {framework}\n  version: {version}\n'
+            f'tables:\n  {table}:\n    status: complete\n')
+
+
+@pytest.fixture(scope='module')
+def aic_dir(tmp_path_factory):
+  """A tiny folder of AIConfigurator's layout for GPU 'test_gpu'."""
+  root = tmp_path_factory.mktemp('aic')
+  data = root / 'aiconfigurator_core' / 'systems' / 'data' / 'test_gpu'
+  gemm = data / 'gemm' / 'trtllm' / '1.0.0'
+  _meta(gemm, 'trtllm', '1.0.0', 'gemm_perf')
+  rows = [dict(framework='TRTLLM', version='1.0.0', device='Test GPU',
+               op_name='gemm', kernel_source='torch_flow',
+               gemm_dtype='bfloat16', m=m, n=n, k=k, latency=_gemm_ms(m, n, k))
+          for m in MS + (257,) for n in NS for k in KS]
+  pd.DataFrame(rows).to_parquet(gemm / 'gemm_perf.parquet')
+  att = data / 'attention' / 'trtllm' / '1.0.0'
+  _meta(att, 'trtllm', '1.0.0', 'context_attention_perf')
+  rows = [dict(batch_size=b, isl=s, num_heads=h, num_key_value_heads=h,
+               head_dim=d, window_size=0, beam_width=1, attn_dtype='bfloat16',
+               kv_cache_dtype='bfloat16', kernel_source='torch_flow',
+               latency=2.0 * b * h * s * s * d / 400e12 * 1e3)
+          for b in (1, 2) for h in (8, 16) for s in (1024, 4096)
+          for d in (64, 128)]
+  pd.DataFrame(rows).to_parquet(att / 'context_attention_perf.parquet')
+  comm = data / 'comm' / 'nccl' / '2.0'
+  _meta(comm, 'nccl', '2.0', 'nccl_perf')
+  rows = [dict(op_name=op, nccl_dtype='half', num_gpus=g, message_size=s,
+               kernel_source='NCCL', latency=0.01 + 2 * s / 100e9 * 1e3)
+          for op in ('all_gather', 'all_reduce') for g in (2, 4, 8)
+          for s in (1024, 1 << 20, 1 << 26)]
+  pd.DataFrame(rows).to_parquet(comm / 'nccl_perf.parquet')
+  return str(root)
+
+
+def test_log_grid_exact_at_points_and_between():
+  grid = LogGrid(([1.0, 4.0],), [1.0, 4.0], (1.0,), (0.0,))
+  assert grid(1.0) == pytest.approx(1.0)
+  assert grid(4.0) == pytest.approx(4.0)
+  # log-log linear between: at 2, 2 exactly; beyond the top, slope 1; below
+  # the bottom, held.
+  assert grid(2.0) == pytest.approx(2.0)
+  assert grid(8.0) == pytest.approx(8.0)
+  assert grid(0.5) == pytest.approx(1.0)
+  between = grid(np.linspace(1, 4, 50))
+  assert np.all(np.diff(between) > 0)
+
+
+def test_import_section_has_provenance(aic_dir):
+  section = import_kernels.measured_section('test_gpu', aic_dir)
+  gemm = section['gemm']
+  assert (gemm['framework'], gemm['version']) == ('trtllm', '1.0.0')
+  assert gemm['collection_meta']['runtime']['framework'] == 'trtllm'
+  assert gemm['m'] == list(MS)   # 257 is not a kept m value
+  assert gemm['latency_ms']['bfloat16'][
+    MS.index(1024)][NS.index(2048)][KS.index(4096)] == pytest.approx(
+    _gemm_ms(1024, 2048, 4096), rel=1e-4)
+  assert section['source']['gpu'] == 'test_gpu'
+  assert section['source']['device'] == 'Test GPU'
+  assert section['nccl']['bytes'] == [2048, 2 << 20, 2 << 26]
+  assert section['attention']['heads'] == [8, 16, 32]
+
+
+def test_import_kernels_cli_and_engine(aic_dir, tmp_path):
+  out = tmp_path / 'measured.json'
+  res = run_cli('import-kernels', 'test_gpu', '--from', aic_dir, '--base',
+                repo('systems', 'h100_sxm_80g_datasheet.json'), '-o', out)
+  assert res.returncode == 0, res.stdout + res.stderr
+  cfg = read_json_file(str(out))
+  assert cfg['measured']['gemm']['version'] == '1.0.0'
+  assert cfg['matrix'] == read_json_file(
+    repo('systems', 'h100_sxm_80g_datasheet.json'))['matrix']
+  system = System(cfg)
+  # A table point: x (1024, 4096) @ W (2048, 4096)^T; the engine's linear
+  # layer (m tokens, n = 4096 inputs, k = 2048 outputs) in the forward.
+  want = _gemm_ms(1024, 2048, 4096) * 1e-3
+  assert gemm_time_s(system, 1024, 2048, 4096, 'bfloat16') == \
+    pytest.approx(want, rel=1e-4)
+  assert measured_gemm_time_s(system, BF16, (1024, 4096, 2048, 1), 'fw') \
+    == pytest.approx(want, rel=1e-4)
+  # Its input gradient is the GEMM (1024, 4096, 2048), its weight gradient
+  # (2048, 4096, 1024), both table points.
+  assert measured_gemm_time_s(system, BF16, (1024, 4096, 2048, 1), 'agrad') \
+    == pytest.approx(_gemm_ms(1024, 4096, 2048) * 1e-3, rel=1e-4)
+  assert measured_gemm_time_s(system, BF16, (1024, 4096, 2048, 1), 'wgrad') \
+    == pytest.approx(_gemm_ms(2048, 4096, 1024) * 1e-3, rel=1e-4)
+  # float16 runs on the bfloat16 table; float32 has none: the curve.
+  flops = 2.0 * 1024 * 2048 * 4096
+  assert gemm_time_s(system, 1024, 2048, 4096, 'float16') == \
+    pytest.approx(want, rel=1e-4)
+  assert gemm_time_s(system, 1024, 2048, 4096, 'float32') == \
+    system.matrix.time_s(DATATYPE_NAMES.index('float32'), flops) \
+    if 'float32' in cfg['matrix'] else True
+  # NCCL on tier 0 from the table (4 GPUs, 2 MiB: 0.01 ms + 2 MiB at 100
+  # GB/s); tier 1 keeps the network model.
+  nets = system.networks
+  assert nets.time_s('all_reduce', 2 << 20, 4, 0) == pytest.approx(
+    (0.01 + 2 * (1 << 20) / 100e9 * 1e3) * 1e-3, rel=1e-4)
+  plain = System(read_json_file(repo('systems',
+                                     'h100_sxm_80g_datasheet.json')))
+  assert nets.time_s('all_reduce', 2 << 20, 4, 1) == \
+    plain.networks.time_s('all_reduce', 2 << 20, 4, 1)
+  assert plain.measured is None
+  assert plain.matrix.time_s(BF16, flops) == gemm_time_s(
+    plain, 1024, 2048, 4096, 'bfloat16')
+
+
+def test_import_kernels_bad_gpu(aic_dir, tmp_path):
+  res = run_cli('import-kernels', 'no_gpu', '--from', aic_dir, '--base',
+                repo('systems', 'h100_sxm_80g_datasheet.json'), '-o',
+                tmp_path / 'x.json')
+  assert res.returncode == 2
+  assert 'GPU "no_gpu" has no measurements (allowed: test_gpu)' in \
+    res.stdout + res.stderr
+  assert not (tmp_path / 'x.json').exists()
+
+
+def test_measured_section_bad_shape():
+  cfg = read_json_file(repo('systems', 'h100_sxm_80g_measured.json'))
+  cfg['measured']['gemm']['latency_ms']['bfloat16'] = [[1.0]]
+  with pytest.raises(ConfigError, match=r"field 'measured.gemm.latency_ms."
+                     r"bfloat16' .* not allowed: nested lists of positive "
+                     r'latencies \(ms\) of shape 20 x 22 x 22'):
+    System(cfg, 'h100.json')
+
+
+@pytest.mark.parametrize('name,gpu,bf16_ms,fp8_ms', [
+  ('h100_sxm_80g', 'h100_sxm', 1.4048, 0.88491),
+  ('gb200_nvl72', 'gb200', 0.78123, 0.48732),
+])
+def test_bundled_measured_files(name, gpu, bf16_ms, fp8_ms):
+  """aiconfigurator-core 0.12.0, systems/data/<gpu>/gemm/trtllm/1.3.0rc20/
+  gemm_perf.parquet at m = n = k = 8192 (1.40478 and 0.78123 ms bf16)."""
+  path = repo('systems', f'{name}_measured.json')
+  cfg = read_json_file(path)
+  src = cfg['measured']['source']
+  assert (src['package'], src['package_version'], src['gpu']) == (
+    'aiconfigurator-core', '0.12.0', gpu)
+  for table in ('gemm', 'attention', 'nccl'):
+    assert cfg['measured'][table]['collection_meta']['provenance'] == \
+      'collected'
+  assert cfg['measured']['gemm']['version'] == '1.3.0rc20'
+  system = System(cfg, path)
+  assert gemm_time_s(system, 8192, 8192, 8192, 'bfloat16') * 1e3 == \
+    pytest.approx(bf16_ms, rel=1e-4)
+  assert gemm_time_s(system, 8192, 8192, 8192, 'float8') * 1e3 == \
+    pytest.approx(fp8_ms, rel=1e-4)
+  assert os.path.getsize(path) < 1_000_000
+
+
+def test_report_names_measured_terms():
+  res = run_cli('llm', repo('models', 'llama3.1-405B.json'),
+                repo('examples', 'llama3.1-405b_16384_tp8_pp16_dp128.json'),
+                repo('systems', 'gb200_nvl72_measured.json'), '-')
+  text = res.stdout + res.stderr
+  assert res.returncode == 0, text
+  assert 'Measured kernels: GEMM (bfloat16, fp8, nvfp4); attention ' \
+    'forward (backward x 2.86); NCCL on tier 0' in text
+  assert 'from aiconfigurator-core 0.12.0 gb200 (trtllm 1.3.0rc20)' in text
+
+
+def test_calibrate_refuses_measured_parameters():
+  from calculon.validation.calibrate import parameter_bounds
+  cfg = read_json_file(repo('systems', 'h100_sxm_80g_measured.json'))
+  with pytest.raises(ConfigError, match="parameter 'matrix' is not allowed: "
+                     'the system prices what it scales from its measured '
+                     'gemm table'):
+    parameter_bounds(cfg, 'matrix')
+  assert parameter_bounds(cfg, 'net1')[1] > 1.0
