@@ -298,7 +298,7 @@ def _bw(value):
 
 
 def _bar(share, width=30):
-  n = int(round(share * width))
+  n = int(round(min(max(share, 0.0), 1.0) * width))
   return '#' * n + '.' * (width - n)
 
 
@@ -514,7 +514,7 @@ def _charts(directory, data):
   ax.set_xlabel('seconds per batch')
   ax.set_title(f"Batch time {data.stats['total_time']:.3f} s: "
                f"{binding_text(data.binding()).split(' (')[0]}")
-  ax.set_xlim(0, data.stats['total_time'])
+  ax.set_xlim(0, max(left, data.stats['total_time']))
   ax.legend(loc='upper center', bbox_to_anchor=(0.5, -0.35), ncol=3,
             fontsize=7, frameon=False)
   paths.append(save(fig, os.path.join(directory, 'time_breakdown.png')))

@@ -79,8 +79,11 @@ class MetricsTerms:
     terms in the order of the concerns (the host optimizer step, exposed
     CP ring and FSDP traffic, FSDP's buffer copies, the embedding, LM
     head and loss, exposed expert-parallel traffic, the fixed overheads,
-    the MoE host floor), 0.0 where the concern does not apply.  The
-    values sum to :attr:`total_time_s` to float rounding (the same
+    the MoE host floor), 0.0 where the concern does not apply.  Every
+    term is >= 0 but ``embedding_lm_head_time``, what the vocabulary adds
+    net of the block each end stage no longer builds with
+    ``pipeline_split_counts_vocab`` (:attr:`~calculon.llm.terms.vocab.
+    VocabTerms.vocab_time_s`), which can be negative.  The values sum to :attr:`total_time_s` to float rounding (the same
     numbers, added in one chain instead of two)."""
     parts = {name: getattr(self, attr) for name, attr in CALCULON_TIME_TERMS}
     for concern in self.CONCERNS:
