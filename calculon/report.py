@@ -512,8 +512,10 @@ def _charts(directory, data):
     left += seconds
   ax.set_yticks([])
   ax.set_xlabel('seconds per batch')
+  b = data.binding()
   ax.set_title(f"Batch time {data.stats['total_time']:.3f} s: "
-               f"{binding_text(data.binding()).split(' (')[0]}")
+               f"{binding_text(b).split(' (')[0]} (overheads "
+               f"{100 * b['overheads_share']:.1f} % of the step)")
   ax.set_xlim(0, max(left, data.stats['total_time']))
   ax.legend(loc='upper center', bbox_to_anchor=(0.5, -0.35), ncol=3,
             fontsize=7, frameon=False)

@@ -251,7 +251,7 @@ def plot(plan, path, model=None, system=None):
     left.annotate(f"goodput {100 * r.run['goodput']:.1f} %", (r.gpus, d),
                   textcoords='offset points', xytext=(0, 10), ha='center',
                   fontsize=8, color='tab:blue')
-  left.legend(fontsize=8, loc='lower left')
+  left.legend(fontsize=8, loc='upper right')
   right.legend(fontsize=8, loc='lower right')
   left.set_title('Time to train')
   right.set_title('Cost' if plan.inputs.priced else 'GPU-hours')
