@@ -165,7 +165,10 @@ def read_table(filename):
       row = {'rank': int(key) if str(key).isdigit() else key}
       for part in ('execution', 'stats'):
         row.update({k: v for k, v in entry.get(part, {}).items()
-                    if k != 'layers'})
+                    if k not in ('layers', 'time_breakdown')})
+      # The batch time's terms as columns, as a best's CSV writes them.
+      row.update({f'time_breakdown.{k}': v for k, v in
+                  entry.get('stats', {}).get('time_breakdown', {}).items()})
       row.update({k: v for k, v in entry.items()
                   if k not in ('execution', 'stats')})
       rows.append(row)

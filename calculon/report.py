@@ -15,12 +15,17 @@ import os
 from calculon.config.execution import OPTIONAL_SPECS
 from calculon.units import human_format
 
-#: (label, statistic) of the batch time, in the order they add up.
+#: (label, name in the statistics' ``time_breakdown``) of the batch time's
+#: terms, in the order the report shows them; they add up to the batch
+#: time (:func:`calculon.llm.stats.time_breakdown`).  A term the engine
+#: adds later and this table lacks is shown after them under its name.
 TIME_PARTS = (
   ('forward', 'fw_time'),
   ('backward', 'bw_time'),
-  ('optimizer step', 'optim_step_time'),
   ('recompute', 'recompute_time'),
+  ('optimizer step', 'optim_step_time'),
+  ('host optimizer step', 'host_optimizer_time'),
+  ('embedding, LM head and loss', 'embedding_lm_head_time'),
   ('pipeline bubble', 'bubble_time'),
   ('TP communication (exposed)', 'tp_comm_exposed_time'),
   ('TP re-communication (exposed)', 'recomm_exposed_time'),
@@ -32,10 +37,10 @@ TIME_PARTS = (
   ('FSDP communication (exposed)', 'fsdp_comm_exposed_time'),
   ('FSDP buffer copies', 'fsdp_copy_time'),
   ('EP dispatch/combine (exposed)', 'ep_comm_exposed_time'),
-  ('embedding, LM head and loss', 'embedding_lm_head_time'),
   ('fixed overhead', 'overhead_time'),
   ('MoE blocks waiting for the host', 'moe_host_time'),
 )
+TIME_LABELS = {key: label for label, key in TIME_PARTS}
 #: (label, extra-statistic prefix) of the memory kinds.
 MEMORY_KINDS = (
   ('weights', 'weights'),
@@ -47,40 +52,108 @@ MEMORY_KINDS = (
 )
 
 
-#: The parts of the batch time that are not the blocks' own compute: what
-#: can bind an execution (:func:`binding`).
-OVERHEAD_PARTS = tuple(p for p in TIME_PARTS if p[1] not in (
-  'fw_time', 'bw_time', 'optim_step_time'))
-#: Share of memory tier 1 above which memory binds an execution.
+#: The terms of the batch time that are the model's own computation on
+#: the GPU: the blocks' forward and backward, their recomputation, the
+#: optimizer step on the device, and the embedding, LM head and loss.
+#: Every other term is an overhead (:data:`OVERHEAD_PARTS`): the host
+#: optimizer step, the pipeline bubble, exposed communication (TP, PP,
+#: DP, CP, FSDP, EP), exposed offload, FSDP's buffer copies, the fixed
+#: overheads and the MoE host floor.
+COMPUTE_TERMS = ('fw_time', 'bw_time', 'recompute_time', 'optim_step_time',
+                 'embedding_lm_head_time')
+#: The overheads: what can bind an execution (:func:`binding`).
+OVERHEAD_PARTS = tuple(p for p in TIME_PARTS if p[1] not in COMPUTE_TERMS)
+#: Share of usable memory tier 1 at or above which memory binds an
+#: execution.
 MEMORY_BINDS = 0.95
+#: Share of the batch time below which the overheads together leave an
+#: execution compute-bound.
+COMPUTE_BOUND_OVERHEADS = 0.10
 
 
-def binding(stats, mem1_capacity_bytes):
-  """What binds an execution: memory when it uses at least
-  :data:`MEMORY_BINDS` of tier 1 (a faster option would not fit), else
-  the largest part of its batch time beyond the blocks' compute
-  (:data:`OVERHEAD_PARTS`: the bubble, an exposed communication,
-  recomputation, offload...).
+def breakdown_of(stats):
+  """The batch time term by term from a statistics dict: its
+  ``time_breakdown`` (name -> seconds), or, for a flat row of
+  statistics without it (a CSV row, :func:`calculon.llm.stats.
+  stat_arrays`), the statistics of those names that it has."""
+  tb = stats.get('time_breakdown')
+  if isinstance(tb, dict):
+    return dict(tb)
+  return {key: stats[key] or 0.0 for _, key in TIME_PARTS if key in stats}
+
+
+def memory_figure(stats, mem1_capacity_bytes=None):
+  """(needed, usable) bytes of memory tier 1 per processor: what the
+  busiest pipeline stage's processor needs (``proc_mem_tier1_cap_req``,
+  with the allocator's fragmentation where the system file has
+  ``memory_reserve``) and what a run may fill (``proc_mem_tier1_usable``:
+  the capacity less the headroom and the memory held outside the
+  allocator; the capacity where the statistics lack it)."""
+  usable = stats.get('proc_mem_tier1_usable')
+  if usable is None:
+    usable = mem1_capacity_bytes
+  return stats['proc_mem_tier1_cap_req'], usable
+
+
+def binding(stats, mem1_capacity_bytes=None):
+  """What binds an execution: ``memory`` when it needs at least
+  :data:`MEMORY_BINDS` of the usable memory tier 1 (a faster option
+  would not fit), else ``compute`` when its overheads (every term of the
+  batch time but :data:`COMPUTE_TERMS`) take less than
+  :data:`COMPUTE_BOUND_OVERHEADS` of the batch time, else the largest
+  overhead (the bubble, an exposed communication, the host optimizer
+  step, offload...).
 
   Args:
     stats: the statistics of ``calculon llm`` (a dict of seconds and
-      bytes).
-    mem1_capacity_bytes: tier-1 capacity.
+      bytes, with ``time_breakdown``).
+    mem1_capacity_bytes: tier-1 capacity, used only where the statistics
+      lack ``proc_mem_tier1_usable`` (Calculon's runs).
 
   Returns:
-    {'term': 'memory' or a part's label, 'memory_used': share of tier 1,
+    {'term': 'memory', 'compute' or an overhead's label, 'memory_used':
+    share of usable tier 1, 'memory_needed_bytes', 'memory_usable_bytes',
     'largest_overhead': label, 'overhead_s': its seconds,
-    'overhead_share': its share of the batch time}.
+    'overhead_share': its share of the batch time, 'overheads_share': the
+    share of all overheads}.
   """
   total = stats['total_time']
-  label, key = max(OVERHEAD_PARTS, key=lambda p: stats.get(p[1]) or 0.0)
-  seconds = stats.get(key) or 0.0
-  used = stats['proc_mem_tier1_cap_req'] / mem1_capacity_bytes \
-    if mem1_capacity_bytes else 0.0
-  return {'term': 'memory' if used >= MEMORY_BINDS else label,
-          'memory_used': used, 'largest_overhead': label,
+  tb = breakdown_of(stats)
+  over = {k: v or 0.0 for k, v in tb.items() if k not in COMPUTE_TERMS}
+  key = max(over, key=lambda k: over[k]) if over else None
+  seconds = over.get(key, 0.0)
+  label = TIME_LABELS.get(key, key)
+  needed, usable = memory_figure(stats, mem1_capacity_bytes)
+  used = needed / usable if usable else 0.0
+  share = sum(over.values()) / total if total else 0.0
+  if used >= MEMORY_BINDS:
+    term = 'memory'
+  elif share < COMPUTE_BOUND_OVERHEADS:
+    term = 'compute'
+  else:
+    term = label
+  return {'term': term, 'memory_used': used, 'memory_needed_bytes': needed,
+          'memory_usable_bytes': usable, 'largest_overhead': label,
           'overhead_s': seconds,
-          'overhead_share': seconds / total if total else 0.0}
+          'overhead_share': seconds / total if total else 0.0,
+          'overheads_share': share}
+
+
+def binding_text(b):
+  """One line on what binds an execution (:func:`binding`'s dict)."""
+  gib = 2 ** 30
+  mem = (f"memory {b['memory_needed_bytes'] / gib:.1f} of "
+         f"{b['memory_usable_bytes'] / gib:.1f} GiB usable") \
+    if b.get('memory_usable_bytes') else \
+    f"memory {100 * b['memory_used']:.0f} %"
+  over = (f"overheads {100 * b['overheads_share']:.1f} % of the step, "
+          f"largest {b['largest_overhead']} "
+          f"{100 * b['overhead_share']:.1f} %")
+  if b['term'] == 'compute':
+    return f'compute-bound ({over}; {mem})'
+  if b['term'] == 'memory':
+    return f'memory-bound ({mem}; {over})'
+  return f"bound by {b['term']} ({over}; {mem})"
 
 
 class RunData:
@@ -127,18 +200,44 @@ class RunData:
     ]
 
   def time_breakdown(self):
-    """[(part, seconds, share of the batch time)]."""
+    """[(part, seconds, share of the batch time)]: the statistics'
+    ``time_breakdown`` in :data:`TIME_PARTS`' order (then any term it
+    lacks, under its name); the seconds add up to the batch time."""
+    return [(label, seconds, share)
+            for label, _, seconds, share in self.time_terms()]
+
+  def time_terms(self):
+    """[(part, name in ``time_breakdown``, seconds, share)] (see
+    :meth:`time_breakdown`)."""
     total = self.stats['total_time']
-    return [(label, self.stats.get(key, 0.0),
-             self.stats.get(key, 0.0) / total if total else 0)
-            for label, key in TIME_PARTS]
+    tb = breakdown_of(self.stats)
+    keys = [key for _, key in TIME_PARTS] + \
+      [key for key in tb if key not in TIME_LABELS]
+    return [(TIME_LABELS.get(key, key), key, tb.get(key) or 0.0,
+             (tb.get(key) or 0.0) / total if total else 0)
+            for key in keys]
 
   def memory(self):
-    """[(kind, tier-1 bytes, tier-2 bytes)] and the totals row."""
+    """[(kind, tier-1 bytes, tier-2 bytes)] of the busiest stage's
+    processor; with the system's ``memory_reserve``, the allocator's
+    fragmentation as its own row, so tier 1 adds up to
+    :meth:`memory_figure`'s needed bytes."""
     rows = [(label, self.extra[f'{key}_tier1_bytes'] or 0,
              self.extra[f'{key}_tier2_bytes'] or 0)
             for label, key in MEMORY_KINDS]
+    frag = self.stats['proc_mem_tier1_cap_req'] - sum(r[1] for r in rows)
+    if frag > 1e-9 * self.stats['proc_mem_tier1_cap_req']:
+      rows.append(('allocator fragmentation', frag, 0))
     return rows
+
+  def memory_figure(self):
+    """(needed, usable) bytes of tier 1 per processor
+    (:func:`memory_figure`)."""
+    return memory_figure(self.stats, self.system.mem1.capacity_bytes)
+
+  def binding(self):
+    """What binds the run (:func:`binding`)."""
+    return binding(self.stats, self.system.mem1.capacity_bytes)
 
   def capacities(self):
     return (self.system.mem1.capacity_bytes, self.system.mem2.capacity_bytes)
@@ -199,7 +298,7 @@ def _bw(value):
 
 
 def _bar(share, width=30):
-  n = int(round(share * width))
+  n = int(round(min(max(share, 0.0), 1.0) * width))
   return '#' * n + '.' * (width - n)
 
 
@@ -237,6 +336,15 @@ def header_lines(data):
   return lines
 
 
+def memory_line(data):
+  """The one memory figure of a run: "needed X GiB of Y GiB usable"
+  (tier 1, per processor of the busiest pipeline stage)."""
+  needed, usable = data.memory_figure()
+  gib = 2 ** 30
+  return (f'Memory: needed {needed / gib:.1f} GiB of {usable / gib:.1f} GiB '
+          'usable per processor (tier 1, busiest pipeline stage)')
+
+
 def _show(value):
   """A field's value as a report shows it."""
   if isinstance(value, list):
@@ -255,20 +363,19 @@ def text_report(data, layers=True):
     lines.append(f'  {label:<34} {value:>12.3f} {unit}')
   lines += ['', 'Time per batch (adds up to the batch time)']
   for label, seconds, share in data.time_breakdown():
-    lines.append(f'  {label:<30} {seconds:>10.4f} s {100 * share:6.2f} % '
+    lines.append(f'  {label:<32} {seconds:>10.4f} s {100 * share:6.2f} % '
                  f'{_bar(share)}')
-  lines.append(f"  {'total':<30} {data.stats['total_time']:>10.4f} s")
+  lines.append(f"  {'total':<32} {data.stats['total_time']:>10.4f} s")
+  lines.append('  ' + binding_text(data.binding()))
   cap1, cap2 = data.capacities()
-  lines += ['', 'Memory per processor           tier 1        tier 2']
+  lines += ['', memory_line(data),
+            'Memory per processor           tier 1        tier 2']
   for label, t1, t2 in data.memory():
     lines.append(f'  {label:<26} {_b(t1):>12}  {_b(t2):>12}')
-  lines.append(f"  {'needed':<26} {_b(data.stats['proc_mem_tier1_cap_req']):>12}"
+  needed, usable = data.memory_figure()
+  lines.append(f"  {'needed':<26} {_b(needed):>12}"
                f"  {_b(data.stats['proc_mem_tier2_cap_req']):>12}")
-  first = data.stats.get('first_stage_mem_tier1_cap_req')
-  last = data.stats.get('last_stage_mem_tier1_cap_req')
-  if first is not None and last is not None and first != last:
-    lines.append(f"  {'  first / last stage':<26} {_b(first):>12}  "
-                 f'{_b(last):>12} (tier 1; the larger is shown above)')
+  lines.append(f"  {'usable':<26} {_b(usable):>12}  {_b(cap2):>12}")
   lines.append(f"  {'capacity':<26} {_b(cap1):>12}  {_b(cap2):>12}")
   lines += ['', 'Bandwidth needed (to hide the transfer) vs available']
   for label, need, have in data.bandwidth():
@@ -327,8 +434,8 @@ def write_run_report(directory, data):
   outputs.ensure_dir(directory)
   path = lambda name: os.path.join(directory, name)  # noqa: E731
   written = []
-  time_df = pd.DataFrame(data.time_breakdown(),
-                         columns=['part', 'seconds', 'share'])
+  time_df = pd.DataFrame(data.time_terms(),
+                         columns=['part', 'term', 'seconds', 'share'])
   mem_df = pd.DataFrame(data.memory(),
                         columns=['kind', 'tier1_bytes', 'tier2_bytes'])
   bw_df = pd.DataFrame(data.bandwidth(), columns=[
@@ -341,7 +448,10 @@ def write_run_report(directory, data):
   stats = {k: v for k, v in data.stats.items() if k != 'layers'}
   io.write_json_file({'application': data.app.to_dict(),
                       'execution': data.exe.to_dict(), 'stats': stats,
-                      'extra_stats': data.extra}, path('summary.json'))
+                      'extra_stats': data.extra, 'binds': data.binding(),
+                      'memory': dict(zip(('needed_bytes', 'usable_bytes'),
+                                         data.memory_figure()))},
+                     path('summary.json'))
   written.append(path('summary.json'))
   outputs.write_text(path('report.txt'), text_report(data) + '\n')
   written.append(path('report.txt'))
@@ -358,12 +468,16 @@ def write_run_report(directory, data):
                           for p, s, f in data.time_breakdown()] +
                          [('**total**', f"{data.stats['total_time']:.4f}",
                            '100.00')])]
-  md += ['', '## Memory per processor', '', '![memory](memory.png)', '',
+  needed, usable = data.memory_figure()
+  md += ['', binding_text(data.binding())[:1].upper() +
+         binding_text(data.binding())[1:] + '.']
+  md += ['', '## Memory per processor', '', memory_line(data) + '.', '',
+         '![memory](memory.png)', '',
          _markdown_table(['kind', 'tier 1', 'tier 2'],
                          [(k, _b(a), _b(b)) for k, a, b in data.memory()] +
-                         [('**needed**',
-                           _b(data.stats['proc_mem_tier1_cap_req']),
+                         [('**needed**', _b(needed),
                            _b(data.stats['proc_mem_tier2_cap_req'])),
+                          ('usable', _b(usable), _b(cap2)),
                           ('capacity', _b(cap1), _b(cap2))])]
   md += ['', '## Bandwidth needed vs available', '', _markdown_table(
     ['requirement', 'needed', 'available'],
@@ -400,7 +514,11 @@ def _charts(directory, data):
     left += seconds
   ax.set_yticks([])
   ax.set_xlabel('seconds per batch')
-  ax.set_title(f"Batch time {data.stats['total_time']:.3f} s")
+  b = data.binding()
+  ax.set_title(f"Batch time {data.stats['total_time']:.3f} s: "
+               f"{binding_text(b).split(' (')[0]} (overheads "
+               f"{100 * b['overheads_share']:.1f} % of the step)")
+  ax.set_xlim(0, max(left, data.stats['total_time']))
   ax.legend(loc='upper center', bbox_to_anchor=(0.5, -0.35), ncol=3,
             fontsize=7, frameon=False)
   paths.append(save(fig, os.path.join(directory, 'time_breakdown.png')))
@@ -421,13 +539,25 @@ def _charts(directory, data):
              label=f'{row[0]} ({value:.1f} GiB)')
       bottom += value
     cap = caps[tier] / gib
+    needed = bottom
+    limit = cap
+    if tier == 0:
+      needed, usable = (x / gib for x in data.memory_figure())
+      limit = usable
+      if usable < cap:
+        ax.axhline(usable, color='darkorange', linestyle='-')
+        ax.annotate(f'usable {usable:.1f} GiB', (0, usable),
+                    textcoords='offset points', xytext=(0, -11),
+                    ha='center', fontsize=8, color='darkorange')
     if cap < 1e6:
       ax.axhline(cap, color='red', linestyle='--')
       ax.annotate(f'capacity {cap:g} GiB', (0, cap), textcoords='offset points',
                   xytext=(0, 4), ha='center', fontsize=8, color='red')
       ax.set_ylim(0, max(cap, bottom) * 1.15)
     ax.set_xticks([])
-    ax.set_title(f'tier {tier + 1}: {bottom:.1f} GiB needed')
+    ax.set_title(f'tier {tier + 1}: needed {needed:.1f} GiB of '
+                 f'{limit:.1f} GiB ' + ('usable' if tier == 0 else
+                                        'capacity'), fontsize=10)
     ax.set_ylabel('GiB per processor')
     ax.set_xlim(-0.5, 0.5)
     ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.02, 1),

@@ -364,7 +364,7 @@ def test_top_n_are_distinct_with_margin_and_what_binds():
   keys = [(b.rate, b.tie) for b in result.best]
   assert len(result.best) == 12 and len(set(keys)) == len(keys)
   out = best_to_output(spec, result)
-  labels = {'memory'} | {label for label, _ in OVERHEAD_PARTS}
+  labels = {'memory', 'compute'} | {label for label, _ in OVERHEAD_PARTS}
   for i in range(12):
     entry = out[str(i)]
     assert entry['binds']['term'] in labels

@@ -8,6 +8,7 @@ batch, the outputs must be writable.  The model, the search, pandas and
 matplotlib are imported by the handler, when used.
 """
 
+import os
 import math
 import re
 
@@ -256,6 +257,8 @@ def run(args, log):
     REP.write(the_plan, args.output, args.application, args.system)
     log.info(f'Output: {args.output}')
   if args.plot is not None:
-    REP.plot(the_plan, args.plot)
+    REP.plot(the_plan, args.plot,
+             io.read_json_file(args.application).get('name') or
+             os.path.basename(args.application), os.path.basename(args.system))
     log.info(f'Figure: {args.plot}')
   return EXIT_OK if the_plan.best is not None else EXIT_INFEASIBLE

@@ -296,6 +296,7 @@ def run_optimal(args, log):
       EXIT_OK if args.noneok else EXIT_INFEASIBLE)
   log.info(f'Best sample rate: {result.best[0][0]}')
   from calculon.llm.results import best_to_output, write_best
+  from calculon.report import binding_text
   output = best_to_output(spec, result, args.layers)
   for key, entry in output.items():
     if 'binds' in entry:
@@ -303,9 +304,7 @@ def run_optimal(args, log):
       log.info(f"  #{key}: {entry['stats']['sample_rate']:.6g} samples/s, "
                + (f'{margin:.2f} % faster than the next, '
                   if margin is not None else '') +
-               f"bound by {b['term']} (memory {100 * b['memory_used']:.0f} "
-               f"%, largest overhead {b['largest_overhead']} "
-               f"{100 * b['overhead_share']:.1f} %)")
+               binding_text(b))
   try:
     write_best(output, args.output, partial=result.partial, rescue=True)
   except outputs.WriteError as err:

@@ -28,7 +28,8 @@ from calculon.hardware import System
 from calculon.llm.engine import evaluate_columns
 from calculon.llm.model import MEM1_TOO_SMALL, MEM2_TOO_SMALL, OK
 from calculon.llm.stats import (
-  CALCULON_STAT_NAMES, STATS, STAT_NAMES, EXTRA_STATS, stat_value)
+  CALCULON_STAT_NAMES, STATS, STAT_NAMES, EXTRA_STATS, stat_value,
+  time_breakdown)
 from calculon.llm.layer_stats import layer_stats_json, layer_summary_json
 from calculon.llm.space import (
   factors, tensor_parallelisms, pipeline_parallelisms, data_parallelism,
@@ -242,10 +243,14 @@ class Llm:
 
   def get_stats_json(self, include_layers=False):
     """dict of every statistic (and per-layer statistics if asked):
-    Calculon's, and for a run with modern features the modern ones.
+    Calculon's, and for a run with modern features the modern ones; and
+    ``time_breakdown``, the batch time term by term (an ordered dict
+    name -> seconds summing to ``total_time``,
+    :func:`calculon.llm.stats.time_breakdown`).
     ``include_layers='summary'`` gives each layer only the keys that the
     reports' model summary reads (:func:`layer_summary_json`)."""
     out = dict(zip((s.name for s in self._stats), self.get_stats_values()))
+    out['time_breakdown'] = time_breakdown(self._eval)
     if len(self._stats) > len(CALCULON_STAT_NAMES):
       out['framework'] = self.exe.config.framework
       out['framework_settings'] = dict(self.framework_settings)

@@ -24,7 +24,7 @@ def best_to_output(spec, result, layers=False):
   other than Calculon's, each entry also holds ``framework``: its name and
   ``set``, what the preset set ({field: value}), and ``resolved``: every
   field as priced; ``binds``, what binds it (:func:`calculon.report.
-  binding`: memory, or its largest overhead); and ``margin_to_next_pct``,
+  binding`: memory, compute, or its largest overhead); and ``margin_to_next_pct``,
   how much faster it is than the next (None for the last).
 
   Raises:
@@ -56,7 +56,8 @@ def best_to_output(spec, result, layers=False):
 
 def write_best(output, filename, partial=False, rescue=False):
   """Writes best executions as JSON (Calculon's structure) or CSV (index,
-  execution fields, statistics), atomically (:mod:`calculon.outputs`).
+  execution fields, statistics, the batch time's terms as
+  ``time_breakdown.NAME`` columns), atomically (:mod:`calculon.outputs`).
   Partial results get ``partial: true`` in each JSON entry, or a
   ``partial`` CSV column.
 
@@ -77,7 +78,10 @@ def write_best(output, filename, partial=False, rescue=False):
     row = dict(entry.get('framework', {}).get('resolved',
                                               entry['execution']))
     row.update({k: v for k, v in entry['stats'].items()
-                if k not in ('layers', 'framework_settings')})
+                if k not in ('layers', 'framework_settings',
+                             'time_breakdown')})
+    row.update({f'time_breakdown.{k}': v for k, v in
+                entry['stats'].get('time_breakdown', {}).items()})
     if partial:
       row['partial'] = True
     rows.append(row)

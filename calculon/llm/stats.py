@@ -131,6 +131,8 @@ MODERN_STATS = (
   _S('expert_weight_space', 'expert_weight_bytes', 'B', 'routed-expert weights per processor (unsharded)'),
   _S('overhead_time', 'overhead_time_s', 's', "the system's fixed overheads (per step and per microbatch), whole batch"),
   _S('moe_host_time', 'moe_host_time_s', 's', "time the MoE blocks wait for the host beyond their GPU work (overhead per_moe_block_s), whole batch"),
+  _S('host_optimizer_time', 'host_optimizer_time_s', 's', "what the optimizer step on the host adds beyond the device step (optimizer_offload with optimizer_offload_step host_*)"),
+  _S('proc_mem_tier1_usable', 'mem1_usable_bytes', 'B', 'memory tier 1 a run may fill per processor (capacity less the memory_reserve headroom and runtime)'),
   _S('first_stage_mem_tier1_cap_req', 'first_stage_mem1_bytes', 'B', 'memory tier 1 needed by a first-stage processor'),
   _S('last_stage_mem_tier1_cap_req', 'last_stage_mem1_bytes', 'B', 'memory tier 1 needed by a last-stage processor'),
 )
@@ -160,6 +162,30 @@ EXTRA_STATS = (
                'optimizer', 'activation_gradients') for t in (0, 1))
 EXTRA_STAT_NAMES = tuple(s.name for s in EXTRA_STATS)
 STATS_BY_NAME = {s.name: s for s in STATS + EXTRA_STATS}
+
+
+def time_breakdown(evaluation, index=()):
+  """The batch time term by term for the execution at ``index``: an
+  ordered dict name -> seconds (float) whose values sum to its
+  ``total_time`` (:attr:`~calculon.llm.terms.metrics.MetricsTerms.
+  time_breakdown_s`; names are statistics' names, e.g. ``fw_time``,
+  ``host_optimizer_time``, ``dp_comm_exposed_time``).
+
+  Raises:
+    AssertionError: the terms do not sum to ``total_time`` within 1e-9
+      relative (an engine inconsistency, never expected).
+  """
+  shape = evaluation.exe.shape
+  with np.errstate(divide='ignore', invalid='ignore', over='ignore'):
+    parts = {name: float(np.broadcast_to(np.asarray(v, dtype=float),
+                                         shape)[index])
+             for name, v in evaluation.time_breakdown_s.items()}
+    total = float(np.broadcast_to(np.asarray(evaluation.total_time_s,
+                                             dtype=float), shape)[index])
+  summed = sum(parts.values())
+  assert not np.isfinite(total) or abs(summed - total) <= \
+    1e-9 * abs(total), f'time_breakdown sums to {summed}, not {total}'
+  return parts
 
 
 def stat_value(evaluation, stat):

@@ -29,6 +29,8 @@ class PlanRow:
       execution was given; proven: the objective's bound proved it.
     elapsed_s: wall time of this count's search and pricing.
     reason: why infeasible.
+    binds: what binds the execution (:func:`calculon.report.binding`),
+      or None.
   """
   gpus: int
   status: str
@@ -39,6 +41,7 @@ class PlanRow:
   proven: bool = True
   elapsed_s: float = 0.0
   reason: str = ''
+  binds: dict = None
 
 
 @dataclass
@@ -107,7 +110,8 @@ def plan(app, system, gpus, batch, datatype, inputs, objective='throughput',
     else:
       top = result.best[0]
       row = PlanRow(n, 'ok', top.record, top.run, top.value,
-                    result.searched, result.proven, elapsed)
+                    result.searched, result.proven, elapsed,
+                    binds=binds_of(app, system, top.record))
     out.rows.append(row)
     if progress is not None:
       progress(row)
@@ -128,8 +132,21 @@ def plan_execution(app, system, record, inputs, objective='throughput'):
   out = Plan(objective, inputs, given_execution=True)
   out.rows.append(PlanRow(record['num_procs'], status, record, run,
                           value if status == 'ok' else None, 0, True,
-                          time.perf_counter() - start, run['reason']))
+                          time.perf_counter() - start, run['reason'],
+                          binds_of(app, system, record)
+                          if status == 'ok' else None))
   return out
+
+
+def binds_of(app, system, record):
+  """What binds the execution ``record`` (:func:`calculon.report.binding`
+  of its statistics, priced once through the single-run API)."""
+  from calculon.llm.compat import Llm
+  from calculon.report import binding
+  model = Llm(Llm.Application(app))
+  model.compile(system, Llm.Execution.from_json(record))
+  model.run(system)
+  return binding(model.get_stats_json(), system.mem1.capacity_bytes)
 
 
 def execution_record(cfg, source):

@@ -53,13 +53,22 @@ def _num(value, fmt):
   return format(value, fmt)
 
 
+def _binds(binds):
+  """What binds a row, short: compute, memory or the largest overhead
+  (:func:`calculon.report.binding`)."""
+  if not binds:
+    return '-'
+  return binds['term'].replace(' (exposed)', '').replace(
+    'communication', 'comm')
+
+
 def format_table(plan):
   """The plan as text: one line per GPU count, the best (objective) marked
   with '*'."""
   best = plan.best
   priced = plan.inputs.priced
-  head = ['GPUs', 'TP/PP/DP', 'options', 'step s', 'MFU', 'goodput',
-          'days', 'GPU-h (M)', 'tok/day (B)', 'MW', 'MWh']
+  head = ['GPUs', 'TP/PP/DP', 'options', 'step s', 'MFU', 'binds',
+          'goodput', 'days', 'GPU-h (M)', 'tok/day (B)', 'MW', 'MWh']
   if priced:
     head.append('cost $M')
   rows = []
@@ -73,6 +82,7 @@ def format_table(plan):
       continue
     line += [_num(run['step_s'], '.3f'), _num(run['mfu'] and
                                               100 * run['mfu'], '.1f') + '%',
+             _binds(r.binds),
              _num(100 * run['goodput'], '.1f') + '%',
              _num(run['wall_days'], '.1f'),
              _num(run['gpu_hours'] and run['gpu_hours'] / 1e6, '.3f'),
@@ -135,7 +145,7 @@ def to_json(plan, application, system):
       'objective_value': _clean(r.objective_value),
       'searched_by_rate': r.searched, 'proven': r.proven,
       'elapsed_s': r.elapsed_s, 'reason': r.reason,
-      'execution': r.execution, 'run': r.run})
+      'execution': r.execution, 'run': r.run, 'binds': r.binds})
   return {'objective': plan.objective,
           'objective_unit': O.UNITS[plan.objective],
           'application': application, 'system': system,
@@ -185,16 +195,25 @@ def write(plan, path, application, system):
   outputs.write_text(path, text, rescue=True)
 
 
-def plot(plan, path):
+def plot(plan, path, model=None, system=None):
   """Days and cost (GPU-hours without a price) against the GPU count, one
-  panel each, the best count marked; written atomically.
+  panel each, both axes from zero, the best count marked and every point
+  of the days labelled with its goodput; the title names the model, the
+  system and the tokens; written atomically.
+
+  Args:
+    plan: :class:`~calculon.plan.plan.Plan`.
+    path: the PNG (or other image) to write.
+    model, system: names for the title (e.g. the application's ``name``
+      and the system file's name); left out when None.
 
   Raises:
     calculon.outputs.WriteError: it cannot be written.
   """
   from calculon.plots.common import plt, save
+  from calculon.units import human_format
   ok = [r for r in plan.rows if r.status == 'ok']
-  fig, (left, right) = plt.subplots(1, 2, figsize=(10.0, 4.2))
+  fig, (left, right) = plt.subplots(1, 2, figsize=(11.0, 4.8))
   xs = [r.gpus for r in ok]
   days = [r.run['wall_days'] for r in ok]
   if plan.inputs.priced:
@@ -204,32 +223,47 @@ def plot(plan, path):
     ys = [r.run['gpu_hours'] / 1e6 for r in ok]
     ylabel = 'GPU-hours (millions)'
   compute_days = [r.run['compute_s'] / 86400.0 for r in ok]
-  left.plot(xs, days, 'o-', color='tab:blue', label='wall-clock days')
+  left.plot(xs, days, 'o-', color='tab:blue', label='wall-clock days',
+            zorder=3)
   left.plot(xs, compute_days, 's--', color='tab:gray', alpha=0.7,
-            label='computation only (goodput 100 %)')
-  right.plot(xs, ys, 'o-', color='tab:red', label=ylabel)
+            label='computation only (goodput 100 %)', zorder=2)
+  right.plot(xs, ys, 'o-', color='tab:red', label=ylabel, zorder=3)
   best = plan.best
   if best is not None:
     left.plot([best.gpus], [best.run['wall_days']], '*', color='gold',
-              markersize=16, markeredgecolor='black',
+              markersize=16, markeredgecolor='black', zorder=4,
               label=f'best ({plan.objective})')
     right.plot([best.gpus], [ys[ok.index(best)]], '*', color='gold',
-               markersize=16, markeredgecolor='black')
-  for ax, label in ((left, 'days'), (right, ylabel)):
+               markersize=16, markeredgecolor='black', zorder=4)
+  for ax, label, values in ((left, 'days', days + compute_days),
+                            (right, ylabel, ys)):
     if len(set(xs)) > 1:
       ax.set_xscale('log', base=2)
     ax.set_xticks(xs)
     ax.set_xticklabels([str(x) for x in xs], rotation=45)
+    ax.minorticks_off()
+    ax.margins(x=0.1)
     ax.set_xlabel('GPUs')
     ax.set_ylabel(label)
+    ax.set_ylim(0, 1.2 * max(values, default=1.0) or 1.0)
     ax.grid(True, alpha=0.3)
   for r, d in zip(ok, days):
-    left.annotate(f"{100 * r.run['goodput']:.0f}%", (r.gpus, d),
-                  textcoords='offset points', xytext=(0, 6), ha='center',
-                  fontsize=8)
-  left.legend(fontsize=8)
-  right.legend(fontsize=8)
-  left.set_title('Time to train (labels: goodput)')
+    left.annotate(f"goodput {100 * r.run['goodput']:.1f} %", (r.gpus, d),
+                  textcoords='offset points', xytext=(0, 10), ha='center',
+                  fontsize=8, color='tab:blue')
+  left.legend(fontsize=8, loc='upper right')
+  right.legend(fontsize=8, loc='lower right')
+  left.set_title('Time to train')
   right.set_title('Cost' if plan.inputs.priced else 'GPU-hours')
+  title = []
+  if model:
+    title.append(str(model))
+  if system:
+    title.append(f'on {system}')
+  tokens = f'{human_format(plan.inputs.tokens, precision=1)} tokens'
+  if ok:
+    tokens += f", batch {ok[0].execution['batch_size']}"
+  fig.suptitle((' '.join(title) + ': ' if title else '') + tokens,
+               fontsize=11)
   save(fig, path, rescue=True)
   return path

@@ -56,60 +56,108 @@ def _predicted(frame):
   return frame[frame['status'] == 'ok']
 
 
+def source_colors(sources):
+  """A distinct colour per source, in order of first appearance
+  (matplotlib's ``tab10`` then ``Dark2`` and ``Set1``: 27 colours before
+  one repeats), {source: colour}."""
+  import matplotlib
+  cycle = [matplotlib.colormaps[name](i) for name, n in
+           (('tab10', 10), ('Dark2', 8), ('Set1', 9)) for i in range(n)]
+  colors = {}
+  for source in sources:
+    colors.setdefault(source, cycle[len(colors) % len(cycle)])
+  return colors
+
+
+def files_caption(frame):
+  """What the rows were priced on, for a title: 'datasheet files',
+  'calibrated files' or both, from the ``system_file`` column (file name
+  and kind, :func:`calculon.validation.system_files.label`); '' without
+  it."""
+  if 'system_file' not in frame.columns:
+    return ''
+  kinds = [k for k in ('datasheet', 'calibrated')
+           if frame['system_file'].astype(str).str.endswith(f'({k})').any()]
+  return ' and '.join(kinds) + ' files' if kinds else ''
+
+
 def published_scatter(frame, path):
   """Log-log scatter of predicted vs measured time (s; a batch, or one layer
-  for per-layer measurements) of the published runs, one color per source,
-  with the y = x line and ±20% bands.  ``frame``: :func:`calculon.
-  validation.published.results_frame`.  Returns ``path``."""
+  for per-layer measurements) of the published runs, one colour per source
+  (:func:`source_colors`), with the y = x line and ±20% bands; the title
+  says which system files priced them (:func:`files_caption`).
+  ``frame``: :func:`calculon.validation.published.results_frame`.  Returns
+  ``path``."""
   ok = _predicted(frame)
-  fig, ax = figure(7.0, 6.0)
+  fig, ax = figure(9.0, 6.0)
+  colors = source_colors(ok['source'])
   for source, part in ok.groupby('source', sort=False):
     ax.scatter(part['measured_s'], part['predicted_s'], label=source, s=28,
-               alpha=0.85, edgecolors='black', linewidths=0.4)
+               alpha=0.85, edgecolors='black', linewidths=0.4,
+               color=colors[source])
   lo = min(ok['measured_s'].min(), ok['predicted_s'].min()) / 2
   hi = max(ok['measured_s'].max(), ok['predicted_s'].max()) * 2
   line = np.array([lo, hi])
   ax.plot(line, line, color='black', lw=1, label='predicted = measured')
-  for f, style in ((1.2, '--'), (1 / 1.2, '--')):
-    ax.plot(line, line * f, color='gray', lw=0.8, ls=style)
+  ax.plot(line, line * 1.2, color='gray', lw=0.8, ls='--',
+          label='±20 %')
+  ax.plot(line, line / 1.2, color='gray', lw=0.8, ls='--')
   ax.set_xscale('log')
   ax.set_yscale('log')
   ax.set_xlim(lo, hi)
   ax.set_ylim(lo, hi)
-  ax.set_xlabel('measured time (s)')
+  ax.set_aspect('equal')
+  ax.set_xlabel('measured time (s; a step, or one layer)')
   ax.set_ylabel('predicted time (s)')
-  ax.set_title(f'Published runs: {len(ok)} predicted (dashed: ±20%)',
-               fontsize=10)
-  ax.legend(fontsize=7, loc='upper left')
+  caption = files_caption(ok)
+  ax.set_title(f'Published runs: {len(ok)} predicted'
+               + (f' on the {caption}' if caption else ''), fontsize=10)
+  ax.legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.02, 1),
+            frameon=False, title='source', title_fontsize=8)
   ax.grid(which='both', alpha=0.2)
   return save(fig, path)
 
 
 def published_residuals(frame, path):
   """Horizontal bars of each published run's delta (percent, ``100 * (1 -
-  predicted / measured)``), grouped by source, with the ±10% and ±20%
-  bands shaded.  Returns ``path``."""
+  predicted / measured)``), one colour per source (:func:`source_colors`,
+  legend beside the axes), each bar labelled with its value, the ±10% and
+  ±20% bands shaded; the title says which system files priced them
+  (:func:`files_caption`).  Returns ``path``."""
+  from matplotlib.patches import Patch
   ok = _predicted(frame)
-  fig, ax = figure(7.5, max(4.0, 0.22 * len(ok) + 1.5))
+  fig, ax = figure(10.0, max(4.0, 0.2 * len(ok) + 1.8))
   y = np.arange(len(ok))[::-1]
-  colors = {}
-  cycle = ['#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd',
-           '#8c564b', '#e377c2']
-  for source in ok['source']:
-    colors.setdefault(source, cycle[len(colors) % len(cycle)])
-  ax.axvspan(-20, 20, color='#dddddd', alpha=0.6, lw=0)
-  ax.axvspan(-10, 10, color='#bbbbbb', alpha=0.6, lw=0)
-  ax.barh(y, ok['delta_pct'], color=[colors[s] for s in ok['source']])
-  ax.axvline(0, color='black', lw=0.8)
+  colors = source_colors(ok['source'])
+  ax.axvspan(-20, 20, color='#e6e6e6', lw=0, zorder=0)
+  ax.axvspan(-10, 10, color='#cccccc', lw=0, zorder=0)
+  deltas = ok['delta_pct'].astype(float).to_numpy()
+  ax.barh(y, deltas, color=[colors[s] for s in ok['source']], zorder=2,
+          height=0.75)
+  for yy, d in zip(y, deltas):
+    ax.annotate(f'{d:+.1f}', (d, yy), xytext=(2 if d >= 0 else -2, 0),
+                textcoords='offset points', va='center',
+                ha='left' if d >= 0 else 'right', fontsize=5, zorder=3)
+  ax.axvline(0, color='black', lw=0.8, zorder=3)
   ax.set_yticks(y)
   ax.set_yticklabels([f"{i} {m[:40]}" for i, m in zip(ok['id'], ok['model'])],
                      fontsize=6)
-  ax.set_xlabel('delta = 100 (1 - predicted / measured) %  '
-                '(positive: predicted faster)')
-  handles = [ax.bar(0, 0, color=c, label=s) for s, c in colors.items()]
-  ax.legend(handles=handles, fontsize=7, loc='lower left')
-  ax.set_title('Published runs: residuals (shaded: ±10%, ±20%)',
-               fontsize=10)
+  ax.set_ylim(-1, len(ok))
+  if len(deltas):
+    span = max(25.0, np.nanmax(np.abs(deltas)) * 1.15)
+    ax.set_xlim(-span, span)
+  ax.set_xlabel('delta = 100 (1 - predicted / measured) %\n'
+                '(positive: the model predicts a faster step)')
+  handles = [Patch(color=c, label=s) for s, c in colors.items()]
+  handles += [Patch(color='#cccccc', label='within ±10 %'),
+              Patch(color='#e6e6e6', label='within ±20 %')]
+  ax.legend(handles=handles, fontsize=7, loc='upper left',
+            bbox_to_anchor=(1.02, 1), frameon=False, title='source',
+            title_fontsize=8)
+  caption = files_caption(ok)
+  ax.set_title(f'Published runs: residuals of {len(ok)} rows'
+               + (f' on the {caption}' if caption else ''), fontsize=10)
+  ax.grid(axis='x', alpha=0.3, zorder=1)
   return save(fig, path)
 
 

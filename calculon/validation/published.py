@@ -120,6 +120,7 @@ class Result:
   tried: int = 0
   predicted_mem_gib: float = None
   delta_mem_pct: float = None
+  system_file: str = ''
 
 
 def layer_time_s(ev):
@@ -261,6 +262,15 @@ class Suite:
       self._systems[cache_key] = system
     return system
 
+  def system_label(self, case, override=None):
+    """The file :meth:`system` prices ``case`` on, as a table names it
+    (:func:`calculon.validation.system_files.label`: file name and
+    whether datasheet or calibrated)."""
+    from calculon.validation.system_files import label
+    if override is not None:
+      return label(f'{case.cluster or case.system_name}.json', override)
+    return label(self.mapper.system_source(case), self.mapper.system_json(case))
+
 
 def _dtype_code(case):
   from calculon.config.execution import DATATYPE_NAMES
@@ -305,6 +315,7 @@ def run_suite(suite, progress=None, systems=None):
       system = suite.system(case, override, key=f'override {cluster}'
                             if override is not None else None)
       res = price(case, system)
+      res.system_file = suite.system_label(case, override)
     progress(f'  {case.id} {text(case.row.get("model_name"))}: {res.status}'
              + (f' ({res.tried} execution(s) priced)' if res.tried else ''))
     results.append(res)
@@ -365,7 +376,8 @@ def results_frame(results):
       'id': c.id, 'source': c.group, 'file': row.get('file', ''),
       'model': text(row.get('model_name')), 'gpus': number(row.get('num_gpus')),
       'gpu': text(row.get('gpu_type')).split(' (')[0],
-      'system': c.system_name or '', 'tp_pp_dp': par, 'metric': c.metric,
+      'system': c.system_name or '', 'system_file': r.system_file,
+      'tp_pp_dp': par, 'metric': c.metric,
       'measured': measured, 'measured_s': c.measured_s,
       'predicted_s': r.predicted_s,
       'predicted': None if r.predicted_s is None else predicted_metric(
@@ -463,6 +475,7 @@ def format_report(frame, verbose=False, cases=None):
   """Readable text: the conversions, the table of priced rows (with the
   range of the unknowns), the summary, per source, and the rows not priced
   with the reason (verbose: assumptions and approximations of each row)."""
+  from calculon.validation.system_files import priced_on_line
   lines = ['Conversions of the measured figures to a time:']
   for metric in dict.fromkeys(frame['metric']):
     if metric in CONVERSIONS:
@@ -473,7 +486,7 @@ def format_report(frame, verbose=False, cases=None):
   if len(ok):
     show = pd.DataFrame({
       'id': ok['id'], 'model': ok['model'].str.slice(0, 30),
-      'GPUs': ok['gpus'], 'system': ok['system'],
+      'GPUs': ok['gpus'], 'system file': ok['system_file'],
       'TP/PP/DP': ok['tp_pp_dp'], 'metric': ok['metric'].str.replace(
         '_per_gpu', '/gpu'),
       'measured': ok['measured'].map(_fmt),
@@ -487,7 +500,7 @@ def format_report(frame, verbose=False, cases=None):
     lines += ['', 'Predicted vs measured (delta = 100 * (1 - predicted / '
               'measured) on the time; fastest feasible execution, and the '
               'slowest one the unknown settings allow):',
-              show.to_string(index=False)]
+              show.to_string(index=False), priced_on_line(ok['system_file'])]
     if verbose:
       lines += assumption_lines(ok, 'assumptions: ', 'over_memory')
   s = summary(frame)
@@ -512,7 +525,8 @@ def format_report(frame, verbose=False, cases=None):
         lambda v: f'{v:.1f}%'),
       'within 10%': per['within_10pct'].map(lambda v: f'{100 * v:.0f}%'),
       'max |delta|': per['max_abs_delta_pct'].map(lambda v: f'{v:.1f}%')})
-    lines += ['', 'By source:', show.to_string()]
+    lines += ['', 'By source:', show.to_string(),
+              priced_on_line(ok['system_file'])]
     mem = ok[ok['delta_mem_pct'].notna()]
     if len(mem):
       m = s['memory']
@@ -528,7 +542,8 @@ def format_report(frame, verbose=False, cases=None):
                 f"{m['median_abs_delta_pct']:.1f}%, within 10%: "
                 f"{100 * m['within_10pct']:.0f}%, within 20%: "
                 f"{100 * m['within_20pct']:.0f}%; median delta "
-                f"{m['median_delta_pct']:+.1f}% (positive: predicted less)"]
+                f"{m['median_delta_pct']:+.1f}% (positive: predicted less)",
+                '  ' + priced_on_line(mem['system_file'])]
   bad = frame[frame['status'] == 'infeasible']
   if len(bad):
     lines += ['', 'Priced but infeasible in the model:']

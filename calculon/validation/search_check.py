@@ -158,6 +158,8 @@ class RowResult:
     elapsed_s: wall time of the row's search (s; rows with the same
       search share one).
     note: how the best was priced when not through the single-run API.
+    system_file: the system file searched on and whether datasheet or
+      calibrated (:func:`calculon.validation.system_files.label`).
   """
   id: str
   source: str
@@ -185,6 +187,7 @@ class RowResult:
   layouts_skipped: int = 0
   note: str = ''
   elapsed_s: float = 0.0
+  system_file: str = ''
 
 
 # -- executions as text ------------------------------------------------------------
@@ -616,8 +619,18 @@ def search_row(suite, case, recipe, tuned=False, systems=None):
   Never raises for a row: what fails is the ``reason`` of a 'not searched'
   result.
   """
-  return row_result(case, recipe, search_case(
+  out = row_result(case, recipe, search_case(
     suite, case, _recipe_rate(case, recipe), systems), tuned)
+  out.system_file = _system_label(suite, case, systems)
+  return out
+
+
+def _system_label(suite, case, systems):
+  """How the tables name the file ``case`` is searched on ('' for a row
+  with no system)."""
+  if not case.system_name:
+    return ''
+  return suite.system_label(case, _override(suite, case, systems))
 
 
 # -- the suite ---------------------------------------------------------------------
@@ -714,8 +727,11 @@ def run(suite, recipes=None, workers=1, tuned=None, progress=None,
              + (f" ({res['elapsed_s']:.1f} s, {res['layouts']} layouts, "
                 f"{res['searched']} executions priced)"
                 if res['status'] == 'ok' else f" ({res['reason']})"))
-  return [row_result(case, recipes[i], outcomes[first[keys[i]]], flags[i])
-          for i, case in enumerate(suite.cases)]
+  out = [row_result(case, recipes[i], outcomes[first[keys[i]]], flags[i])
+         for i, case in enumerate(suite.cases)]
+  for row, case in zip(out, suite.cases):
+    row.system_file = _system_label(suite, case, systems)
+  return out
 
 
 #: Columns of :func:`results_frame`.
@@ -724,7 +740,7 @@ COLUMNS = ('id', 'source', 'model', 'gpus', 'tuned', 'status', 'framework',
            'ratio_measured', 'ratio_recipe', 'recipe_vs_measured', 'recipe',
            'best', 'differences', 'best_mem_gib', 'recipe_over_memory',
            'layouts', 'layouts_skipped', 'searched', 'pruned', 'elapsed_s',
-           'reason', 'note')
+           'reason', 'note', 'system_file')
 
 
 def results_frame(rows):
@@ -734,7 +750,8 @@ def results_frame(rows):
   the recipe's and the best's execution text, the differences, the best's
   memory (GiB), recipe_over_memory, layouts, layouts_skipped, searched,
   pruned, elapsed_s (the search's wall time; rows sharing a search show
-  it each), reason, note."""
+  it each), reason, note, system_file (the file searched on, datasheet or
+  calibrated)."""
   return pd.DataFrame([{c: getattr(r, c) for c in COLUMNS} for r in rows],
                       columns=list(COLUMNS))
 
@@ -820,7 +837,9 @@ def format_report(frame, tuned=None):
       'best/meas': ok['ratio_measured'].map(_fmt),
       'best/recipe': ok['ratio_recipe'].map(_fmt),
       'best execution': ok['best']})
-    lines += ['', show.to_string(index=False)]
+    from calculon.validation.system_files import priced_on_line
+    lines += ['', show.to_string(index=False),
+              priced_on_line(ok['system_file'])]
   s = summary(frame)
   lines.append('')
   for key, name in (('tuned', 'Tuned rows'), ('other', 'Other rows'),

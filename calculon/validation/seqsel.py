@@ -215,6 +215,8 @@ class Table:
       reference averages them (Figure 7's 'none' cells, 0 by definition,
       included).
     threshold_mean_pct, threshold_max_pct: the pass limits.
+    system_file: the system file priced on and its kind
+      (:func:`calculon.validation.system_files.label`).
   """
   key: str
   title: str
@@ -224,6 +226,7 @@ class Table:
   threshold_mean_pct: float
   threshold_max_pct: float
   failures: list = field(default_factory=list)
+  system_file: str = ''
 
   @property
   def passed(self):
@@ -319,10 +322,15 @@ def compare(base_dir, thresholds=None, progress=None):
       tab5.append({'model': model, 'mode': mode, 'profile': profile,
                    'calculon': calc, 'delta_pct': delta_pct(calc, profile),
                    'mem_gib': mem})
-  return [_table('fig1_params_opt', params, thresholds),
-          _table('fig1_activations', acts, thresholds),
-          _table('fig7', fig7, thresholds),
-          _table('tab5', tab5, thresholds)]
+  from calculon.validation.system_files import label
+  tables = [_table('fig1_params_opt', params, thresholds),
+            _table('fig1_activations', acts, thresholds),
+            _table('fig7', fig7, thresholds),
+            _table('tab5', tab5, thresholds)]
+  for t in tables:
+    name = TABLES[t.key][2]
+    t.system_file = label(f'{name}.json', systems[name])
+  return tables
 
 
 def format_table(table):
@@ -347,7 +355,8 @@ def format_table(table):
   wide.index.name = None
   verdict = 'PASS' if table.passed else 'FAIL: ' + '; '.join(table.failures)
   return '\n'.join([
-    f'{table.title}',
+    f'{table.title}' + (f' -- priced on systems/{table.system_file}'
+                        if table.system_file else ''),
     wide.to_string(),
     f'mean |delta| {table.mean_abs_delta_pct:.2f}% (threshold '
     f'{table.threshold_mean_pct:.2f}%), max |delta| '
@@ -361,5 +370,6 @@ def tables_frame(tables):
   for t in tables:
     f = t.frame.copy()
     f.insert(0, 'table', t.key)
+    f['system_file'] = t.system_file
     parts.append(f)
   return pd.concat(parts, ignore_index=True)

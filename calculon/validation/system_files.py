@@ -76,3 +76,27 @@ def relative(base_dir, path):
   if os.path.dirname(os.path.abspath(path)) == os.path.abspath(folder):
     return f'systems/{os.path.basename(path)}'
   return path
+
+
+def kind_of(cfg):
+  """'calibrated' for a file ``calculon calibrate`` wrote
+  (:func:`is_calibrated`), else 'datasheet'."""
+  return 'calibrated' if is_calibrated(cfg) else 'datasheet'
+
+
+def label(path, cfg):
+  """How a table names the system file a row was priced on: its file
+  name and kind, e.g. ``h100_sxm_80g_datasheet.json (datasheet)`` or
+  ``h100_sxm_80g.json (calibrated)`` (:func:`kind_of` of its JSON
+  ``cfg``)."""
+  return f'{os.path.basename(path)} ({kind_of(cfg)})'
+
+
+def priced_on_line(labels):
+  """The line under a validation table naming every system file its
+  rows were priced on (``labels``: :func:`label` strings, repeats
+  allowed), or '' when there are none."""
+  names = [x for x in dict.fromkeys(labels) if x]
+  if not names:
+    return ''
+  return 'Priced on (systems/): ' + ', '.join(names)

@@ -257,6 +257,7 @@ class WholeRun:
   approximations: list = field(default_factory=list)
   layout: str = ''
   system_name: str = ''
+  system_file: str = ''
   gpus: int = None
   batch: int = None
   execution: dict = None
@@ -318,6 +319,16 @@ class Suite:
       return System(cfg, f'systems/{case.cluster or case.system_name}.json')
     return System(self.mapper.system_json(case),
                   self.mapper.system_source(case))
+
+  def system_label(self, case):
+    """The file :meth:`system` prices ``case`` on, as a table names it
+    (:func:`calculon.validation.system_files.label`: file name and
+    whether datasheet or calibrated)."""
+    from calculon.validation.system_files import label
+    override = self.systems.get(case.cluster or case.system_name)
+    if override is not None:
+      return label(f'{case.cluster or case.system_name}.json', override)
+    return label(self.mapper.system_source(case), self.mapper.system_json(case))
 
 
 def _pseudo_row(row, gpus, batch, layout):
@@ -408,6 +419,7 @@ def price_row(suite, row, workers=1):
     out.reason = '; '.join(blocking or case.missing)
     return out
   out.system_name = case.system_name
+  out.system_file = suite.system_label(case)
   try:
     if searched:
       _searched(suite, case, out, tokens, workers)
@@ -554,7 +566,8 @@ def results_frame(results):
     rows.append({
       'id': row['id'], 'model': row.get('model', ''), 'gpus': r.gpus,
       'gpu': str(row.get('gpu_type', '')).split(' (')[0],
-      'system': r.system_name, 'batch': r.batch,
+      'system': r.system_name, 'system_file': r.system_file,
+      'batch': r.batch,
       'layout': (f"{exe.get('tensor_par')}/{exe.get('pipeline_par')}/"
                  f"{exe.get('data_par')}" if exe else '') +
       (f" ({r.layout})" if r.layout else ''),
@@ -628,6 +641,7 @@ def format_report(frame, verbose=False):
   """Readable text: the priced rows (predicted vs published), the summary
   and the rows not priced with the reason."""
   import pandas as pd
+  from calculon.validation.system_files import priced_on_line
   lines = ['error = 100 x (predicted / published - 1); energy: the GPUs\' '
            'predicted energy x PUE against the published figure (GPU power '
            'x hours x PUE in most sources)']
@@ -635,7 +649,7 @@ def format_report(frame, verbose=False):
   if len(ok):
     show = pd.DataFrame({
       'id': ok['id'], 'GPUs': ok['gpus'].map(lambda v: _fmt(v, '.0f')),
-      'system': ok['system'],
+      'system file': ok['system_file'],
       'TP/PP/DP': ok['layout'],
       'step s': ok['step_s'].map(lambda v: _fmt(v, '.2f')),
       'MFU': ok['mfu'].map(lambda v: _fmt(v and 100 * v, '.0f') + '%'),
@@ -650,7 +664,8 @@ def format_report(frame, verbose=False):
       'MWh pred': ok['pred_energy_mwh'].map(lambda v: _fmt(v, ',.0f')),
       'MWh pub': ok['pub_energy_mwh'].map(lambda v: _fmt(v, ',.0f')),
       'err  ': ok['err_energy_pct'].map(lambda v: _fmt(v, '+.1f'))})
-    lines += ['', show.to_string(index=False)]
+    lines += ['', show.to_string(index=False),
+              priced_on_line(ok['system_file'])]
     rated = ok[ok['rate_gpu_hours'].notna()]
     if len(rated):
       show = pd.DataFrame({

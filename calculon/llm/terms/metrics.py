@@ -3,6 +3,7 @@ token rates, the efficiencies, model and hardware FLOP, MFU and HFU.
 
 Provides :class:`MetricsTerms`: ``total_time_s`` (Calculon's terms in
 Calculon's order plus the other concerns' ``modern_time_s``),
+``time_breakdown_s`` (the same terms one by one, name -> seconds),
 ``sample_rate``, ``tokens_per_s``, ``useful_flops``,
 ``compute_efficiency``, ``system_efficiency``, ``total_efficiency``,
 ``model_flops_per_batch``, ``model_flops_per_batch_causal``,
@@ -28,6 +29,31 @@ from functools import cached_property
 
 import numpy as np
 
+#: Calculon's terms of the batch time: (name, Evaluation attribute), in
+#: the order :attr:`MetricsTerms.total_time_s` sums them.  Each name is
+#: the statistic's (:mod:`calculon.llm.stats`).
+CALCULON_TIME_TERMS = (
+  ('fw_time', 'fw_time_s'), ('bw_time', 'bw_time_s'),
+  ('optim_step_time', 'optim_step_time_s'),
+  ('fw_offload_exposed_time', 'fw_offload_exposed_time_s'),
+  ('bw_offload_exposed_time', 'bw_offload_exposed_time_s'),
+  ('recompute_time', 'recompute_time_s'),
+  ('recomm_exposed_time', 'recomm_exposed_time_s'),
+  ('bubble_time', 'bubble_time_s'),
+  ('tp_comm_exposed_time', 'tp_comm_exposed_time_s'),
+  ('pp_comm_exposed_time', 'pp_comm_exposed_time_s'),
+  ('dp_comm_exposed_time', 'dp_comm_exposed_time_s'))
+#: The statistic's name of a concern's batch term (its ``CONCERN.batch``
+#: attribute) where it is not the attribute less ``_s``.
+BATCH_TERM_NAMES = {'vocab_extra_time_s': 'embedding_lm_head_time'}
+
+
+def batch_term_name(attr):
+  """The name in :attr:`MetricsTerms.time_breakdown_s` of a concern's
+  batch term ``attr`` (an Evaluation attribute ending in ``_s``)."""
+  return BATCH_TERM_NAMES.get(attr, attr[:-2] if attr.endswith('_s')
+                              else attr)
+
 
 class MetricsTerms:
   """Batch totals and figures of merit (see the module)."""
@@ -44,6 +70,29 @@ class MetricsTerms:
              self.bubble_time_s + self.tp_comm_exposed_time_s +
              self.pp_comm_exposed_time_s + self.dp_comm_exposed_time_s)
     return total + self.modern_time_s
+
+  @cached_property
+  def time_breakdown_s(self):
+    """The terms of :attr:`total_time_s` one by one: a dict name -> seconds
+    (array or scalar), in the order it sums them: Calculon's
+    (:data:`CALCULON_TIME_TERMS`), then every concern's declared batch
+    terms in the order of the concerns (the host optimizer step, exposed
+    CP ring and FSDP traffic, FSDP's buffer copies, the embedding, LM
+    head and loss, exposed expert-parallel traffic, the fixed overheads,
+    the MoE host floor), 0.0 where the concern does not apply.  Every
+    term is >= 0 but ``embedding_lm_head_time``, what the vocabulary adds
+    net of the block each end stage no longer builds with
+    ``pipeline_split_counts_vocab`` (:attr:`~calculon.llm.terms.vocab.
+    VocabTerms.vocab_time_s`), which can be negative.  The values sum to :attr:`total_time_s` to float rounding (the same
+    numbers, added in one chain instead of two)."""
+    parts = {name: getattr(self, attr) for name, attr in CALCULON_TIME_TERMS}
+    for concern in self.CONCERNS:
+      applies = None
+      for attr in concern.batch:
+        if applies is None:
+          applies = concern.applies(self)
+        parts[batch_term_name(attr)] = getattr(self, attr) if applies else 0.0
+    return parts
 
   @cached_property
   def sample_rate(self):
