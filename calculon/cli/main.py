@@ -71,7 +71,8 @@ class _Parser(argparse.ArgumentParser):
 
 #: Modules of calculon.cli that register commands (``add_parsers(sp)``).
 COMMAND_MODULES = ('llm', 'search', 'validation', 'calibrate', 'tools',
-                   'sweep', 'plot', 'hf', 'profile', 'plan', 'frameworks')
+                   'sweep', 'plot', 'hf', 'profile', 'plan', 'frameworks',
+                   'export')
 #: Which of them registers each command name (aliases included), so that a
 #: run builds only its own command's parser (start-up).  A command missing
 #: here still works: the whole parser is built.
@@ -83,7 +84,7 @@ COMMAND_OF = {
   'convert': 'tools', 'compare-measured': 'tools',
   'sweep': 'sweep', 'plot': 'plot', 'import-hf': 'hf',
   'profile': 'profile', 'profile-step': 'profile', 'calibrate': 'calibrate',
-  'plan': 'plan', 'frameworks': 'frameworks',
+  'plan': 'plan', 'frameworks': 'frameworks', 'export': 'export',
 }
 #: Global options that take a value (skipped to find the command).
 _VALUE_OPTIONS = ('-l', '--log', '-v', '--verbosity')
