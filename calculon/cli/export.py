@@ -59,3 +59,53 @@ def run(args, log):
     outputs.write_text(args.output, text, rescue=True)
     log.info(f'Export ({args.to}): {args.output}')
   return EXIT_OK
+
+
+def add_export_option(p):
+  """``--export NAME`` on a command that writes a result (llm-optimal-
+  execution, plan)."""
+  p.add_argument('--export', metavar='NAME', default=None,
+                 choices=_TARGETS,
+                 help='also write the best execution as this framework\'s '
+                 'launch config beside the result (best.json -> '
+                 'best.megatron-bridge.yaml; calculon export): '
+                 + ', '.join(_TARGETS))
+
+
+def check_export(args, result_path, option='-o'):
+  """Checks, before any work, where ``--export`` will write (None when it
+  is not given).
+
+  Raises:
+    ConfigError: --export without a result file, or an unwritable path.
+  """
+  if getattr(args, 'export', None) is None:
+    return None
+  if result_path is None:
+    from calculon.errors import ConfigError
+    raise ConfigError(f'--export {args.export}: needs {option} (it writes '
+                      'beside the result)', field='--export')
+  from calculon import export
+  return export.check_beside(result_path, args.export)
+
+
+def export_best(args, data, result_path, app, system, system_name, log):
+  """Writes the export of the best execution of ``data`` (a search output
+  or a plan's JSON) beside ``result_path`` when ``--export`` is given.
+
+  Raises:
+    ConfigError: the framework cannot express the execution (the result
+      itself is already written).
+  """
+  if getattr(args, 'export', None) is None:
+    return
+  from calculon import export
+  from calculon.config import Execution
+  from calculon.frameworks import resolve_execution
+  record, where = export._best_of(data, result_path)
+  exe = Execution.from_dict(dict(record), where)
+  resolved, _ = resolve_execution(app, exe, None, where)
+  path = export.write_beside(result_path, args.export, app, resolved,
+                             source=where, system=system,
+                             system_name=system_name)
+  log.info(f'Export ({args.export}): {path}')
