@@ -325,6 +325,12 @@ def test_cli_refusal_and_bad_target(tmp_path):
   assert res.stderr.strip().count('\n') == 0
   assert "field 'tensor_par_comm_type'" in res.stderr
   assert 'Traceback' not in res.stderr
+  bad = tmp_path / 'list.json'
+  bad.write_text('[1, 2]')
+  res = run_cli('export', repo('models', 'llama3-70B.json'), bad,
+                '--to', 'torchtitan')
+  assert res.returncode == 2 and 'Traceback' not in res.stderr
+  assert 'not an execution, a search result or a plan' in res.stderr
   res = run_cli('export', repo('models', 'llama3-70B.json'), exe,
                 '--to', 'nemo')
   assert res.returncode == 2

@@ -57,6 +57,7 @@ def _best_of(data, path):
       'GPUs)'
   if isinstance(data, dict) and data and all(
       isinstance(v, dict) and 'execution' in v for v in data.values()):
+    # a search result: its best is entry "0" (then the lowest rank)
     keys = sorted(data, key=lambda k: (not str(k).isdigit(),
                                        int(k) if str(k).isdigit() else 0, k))
     entry = data[keys[0]]
@@ -85,6 +86,11 @@ def read_execution(app, path, framework=None):
   from calculon.config import Execution
   from calculon.frameworks import resolve_execution
   record, where = _best_of(io.read_json_file(path), path)
+  if not isinstance(record, dict):
+    raise ConfigError(f'{where}: not an execution, a search result or a '
+                      'plan: expected a JSON object of execution fields, '
+                      '{"0": {"execution": ...}} or {"plans": [...]}',
+                      source=path)
   exe = Execution.from_dict(dict(record), where)
   resolved, _ = resolve_execution(app, exe, framework, where)
   return resolved, where
