@@ -72,7 +72,7 @@ class _Parser(argparse.ArgumentParser):
 #: Modules of calculon.cli that register commands (``add_parsers(sp)``).
 COMMAND_MODULES = ('llm', 'search', 'validation', 'calibrate', 'tools',
                    'sweep', 'plot', 'hf', 'profile', 'plan', 'frameworks',
-                   'serve', 'kernels')
+                   'serve', 'kernels', 'export')
 #: Which of them registers each command name (aliases included), so that a
 #: run builds only its own command's parser (start-up).  A command missing
 #: here still works: the whole parser is built.
@@ -86,7 +86,7 @@ COMMAND_OF = {
   'profile': 'profile', 'profile-step': 'profile', 'calibrate': 'calibrate',
   'plan': 'plan', 'frameworks': 'frameworks',
   'serve': 'serve', 'serve-search': 'serve',
-  'import-kernels': 'kernels',
+  'import-kernels': 'kernels', 'export': 'export',
 }
 #: Global options that take a value (skipped to find the command).
 _VALUE_OPTIONS = ('-l', '--log', '-v', '--verbosity')

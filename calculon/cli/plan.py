@@ -79,6 +79,8 @@ def add_parsers(sp):
                  help='search processes (default: physical cores)')
   p.add_argument('-q', '--quiet', action='store_true',
                  help='no progress lines')
+  from calculon.cli.export import add_export_option
+  add_export_option(p)
   p.set_defaults(func=run)
 
 
@@ -166,6 +168,8 @@ def run(args, log):
   if args.plot is not None:
     outputs.check_output_path(args.plot, outputs.IMAGE_KINDS, what='figure',
                               option='--plot')
+  from calculon.cli.export import check_export, export_best
+  check_export(args, args.output)
   tokens = _positive('--tokens', args.tokens)
   gpus = _gpu_counts(args.gpus) if args.gpus is not None else None
   batch = _positive('--batch', args.batch, integer=True) \
@@ -256,6 +260,9 @@ def run(args, log):
   if args.output is not None:
     REP.write(the_plan, args.output, args.application, args.system)
     log.info(f'Output: {args.output}')
+    if the_plan.best is not None:
+      export_best(args, REP.to_json(the_plan, args.application, args.system),
+                  args.output, app, system, args.system, log)
   if args.plot is not None:
     REP.plot(the_plan, args.plot,
              io.read_json_file(args.application).get('name') or

@@ -189,6 +189,8 @@ def add_parsers(sp):
                  "run -- failures, checkpoints, power, the system's "
                  'reliability/storage/power sections or their defaults -- '
                  'and re-rank exactly, docs/plan.md)')
+  from calculon.cli.export import add_export_option
+  add_export_option(p)
   p.set_defaults(func=run_optimal)
 
   q = sp.add_parser(
@@ -270,6 +272,8 @@ def _cpus(args):
 
 def run_optimal(args, log):
   outputs.check_output_path(args.output, OPTIMAL_KINDS, what='output')
+  from calculon.cli.export import check_export, export_best
+  check_export(args, args.output)
   from calculon.llm import search as S
   spec = _spec(args)
   if args.debug:
@@ -313,6 +317,8 @@ def run_optimal(args, log):
       err.rescued = outputs.print_rescue(json_text(output, '-'))
     raise
   log.info(f'Output: {args.output}')
+  export_best(args, output, args.output, spec.app, spec.system, args.system,
+              log)
   return EXIT_INTERRUPTED if result.partial else EXIT_OK
 
 
@@ -337,6 +343,9 @@ def _run_objective(args, log, spec, progress):
   output = O.to_output(spec, ranked, args.layers)
   write_best(output, args.output, partial=ranked.partial, rescue=True)
   log.info(f'Output: {args.output}')
+  from calculon.cli.export import export_best
+  export_best(args, output, args.output, spec.app, spec.system, args.system,
+              log)
   return EXIT_INTERRUPTED if ranked.partial else EXIT_OK
 
 
