@@ -58,6 +58,11 @@ TILED_GEMM_SIZE_NAMES = ('whole', 'tile')
 #: it (Calculon), or on the host with a fused (one-pass) or an unfused
 #: (one kernel per operation) Adam.
 OPTIMIZER_OFFLOAD_STEP_NAMES = ('device', 'host_fused', 'host_unfused')
+#: Where the weight gradients live when the optimizer state is offloaded
+#: (``optimizer_offload_gradients``): in memory tier 2 with a
+#: double-buffered working set in tier 1 (Calculon), or whole in tier 1,
+#: the host holding a copy for its step.
+OPTIMIZER_OFFLOAD_GRADIENTS_NAMES = ('host', 'device')
 #: Which of a processor's blocks keep their activations in memory tier 2
 #: when activations are offloaded (``activation_offload_layers``).
 ACTIVATION_OFFLOAD_LAYERS_NAMES = ('all', 'fit')
@@ -534,6 +539,20 @@ EXECUTION = (
        'cpu_adam_impl.cpp); Megatron-Core optimizer/cpu_offloading/'
        'hybrid_optimizer.py (torch.optim.AdamW on the CPU); PyTorch FSDP2 '
        'CPUOffloadPolicy'),
+  _beh('optimizer_offload_gradients',
+       _choice(OPTIMIZER_OFFLOAD_GRADIENTS_NAMES), 'memory',
+       "with the optimizer state offloaded: 'device': the weight-gradient "
+       'buffer stays whole in memory tier 1 (the framework reduces into it '
+       'as without offload) and tier 2 holds a copy of the shard\'s '
+       'gradients that the host step reads',
+       names=OPTIMIZER_OFFLOAD_GRADIENTS_NAMES, absent='host',
+       absent_doc="'host': the weight gradients live in memory tier 2, a "
+       'double-buffered working set in tier 1 (Calculon)',
+       source='Megatron-Core megatron/core/optimizer/cpu_offloading/'
+       'hybrid_optimizer.py (d98e8a64dd) HybridDeviceOptimizer.'
+       '_set_sub_optimizer_grads: each step copies the GPU parameter\'s '
+       'grad (the DDP grad buffer, distributed/param_and_grad_buffer.py) '
+       'into a pinned CPU tensor; the buffer itself is never freed'),
   _beh('activation_offload_layers', _choice(ACTIVATION_OFFLOAD_LAYERS_NAMES),
        'memory',
        "with activations offloaded: 'fit': only the fewest of the "
