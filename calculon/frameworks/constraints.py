@@ -16,7 +16,8 @@ from calculon.errors import ConfigError
 
 
 def _microbatches(c):
-  return (c.batch_size // c.data_par) // c.microbatch_size
+  from calculon.config.parallel import num_microbatches
+  return num_microbatches(c.batch_size, c.data_par, c.microbatch_size)
 
 
 def _interleaved_microbatches_multiple_of_pp(c, app, value):
