@@ -507,10 +507,8 @@ def _requires_rule(f):
   field takes one of the values."""
   other, values, why = f.requires
   other_f = _registry.field('execution', other)
-  codes = [other_f.names.index(v) for v in values]
-  absent = f.absent if f.names is None else (
-    RECOMPUTE_MODULE_SETS.index(f.absent) if f.name == 'recompute_modules'
-    else f.names.index(f.absent))
+  codes = [other_f.code(v) for v in values]
+  absent = f.code(f.absent)
 
   def column(c, name):
     return c.sharding if name == 'data_par_sharding' else getattr(c, name)

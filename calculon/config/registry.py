@@ -163,6 +163,53 @@ class Field:
     """True for a field that must be given."""
     return self.absent is REQUIRED
 
+  # -- the codec: a JSON value <-> the engine's code and column ------------
+  #: Code of a categorical value left out (None).
+  UNSET = -1
+
+  @property
+  def dtype(self):
+    """numpy dtype of the field's engine column: bool, float64 for a
+    number, int64 for an integer or a categorical code."""
+    import numpy as np
+    return bool if self.spec.kind == 'bool' else (
+      np.float64 if self.spec.kind == 'number' else np.int64)
+
+  def code(self, value):
+    """The engine's code of a JSON value: a categorical value's index in
+    :attr:`names` (``recompute_modules``: a set's index in
+    :data:`RECOMPUTE_MODULE_SETS`, given as its label or its list of
+    names), :attr:`UNSET` for None, any other value as is.
+
+    Raises:
+      ValueError: a name the field does not have.
+    """
+    if value is None:
+      return self.UNSET
+    if self.name == 'recompute_modules':
+      if not isinstance(value, str):
+        value = ','.join(m for m in RECOMPUTE_MODULES if m in value)
+      return RECOMPUTE_MODULE_SETS.index(value)
+    if self.names is not None:
+      return self.names.index(value)
+    return value
+
+  def value(self, code):
+    """The JSON value of an engine code (a numpy scalar or a Python
+    number): the name (``recompute_modules``: its list of names; None for
+    :attr:`UNSET`), a bool, an int or a float."""
+    code = code.item() if hasattr(code, 'item') else code
+    if self.names is not None:
+      if int(code) == self.UNSET:
+        return None
+      name = self.names[int(code)]
+      return name.split(',') if self.name == 'recompute_modules' else name
+    if self.spec.kind == 'bool':
+      return bool(code)
+    if self.spec.kind == 'int':
+      return int(code)
+    return float(code)
+
   def allowed(self):
     """Human text of the values allowed (the spec's)."""
     if self.name == 'recompute_modules':

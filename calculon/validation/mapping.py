@@ -29,9 +29,10 @@ import re
 import numpy as np
 
 from calculon.config import parallel as P
+from calculon.config import registry as _registry
 from calculon.config.execution import (
   ATTENTION_KERNEL_NAMES, FIELD_SPECS, FIELDS, OPTIONAL_SPECS,
-  RECOMPUTE_MODULE_SETS, RECOMPUTE_NAMES, json_value,
+  RECOMPUTE_NAMES, json_value,
   recompute_modules_label, SHARDING_NAMES, TP_COMM_NAMES, TP_OVERLAP_NAMES)
 from calculon.config.application import router_groups_fit
 from calculon.config.system import OPTIONAL_EFFICIENCIES
@@ -1204,9 +1205,9 @@ def candidate_columns(case):
   cols = {}
   for i, key in enumerate(AXES):
     values = case.axes[key]
-    names = CATEGORIES.get(key)
-    if names is not None:
-      arr = np.array([names.index(v) for v in values], dtype=np.int64)
+    if key in CATEGORIES:
+      codec = _registry.field('execution', key)
+      arr = np.array([codec.code(v) for v in values], dtype=np.int64)
     elif key in ('data_par_overlap', 'fused_activation'):
       arr = np.array(values, dtype=bool)
     else:
@@ -1217,11 +1218,8 @@ def candidate_columns(case):
   for key, value in case.fixed.items():
     if key == 'framework':
       continue
-    names = CATEGORIES.get(key)
-    if key == 'recompute_modules':
-      cols[key] = np.int64(RECOMPUTE_MODULE_SETS.index(value))
-    elif names is not None:
-      cols[key] = np.int64(names.index(value))
+    if key in CATEGORIES:
+      cols[key] = np.int64(_registry.field('execution', key).code(value))
     elif isinstance(value, bool):
       cols[key] = np.bool_(value)
     elif isinstance(value, float):
