@@ -268,3 +268,24 @@ def test_the_search_output_says_how_many_tied(tmp_path):
     assert not doc[k]['execution']['optimizer_offload'] or \
       doc[k]['framework']['resolved'].get(
         'optimizer_offload_gradients') == 'device'
+
+
+@pytest.mark.parametrize('framework', [
+  'megatron-core', 'megatron-core-2024', 'torchtitan', 'deepspeed-zero'])
+def test_what_a_search_returns_its_framework_accepts(framework):
+  """The search's mask and the single execution's refusal are the same
+  rules: every execution a search returns under a preset resolves under
+  it as ``calculon llm`` resolves it (no refusal), with no TP overlap
+  without sequence parallelism."""
+  from calculon.config import Execution
+  from calculon.frameworks import resolve_execution
+  app, system = _app('llama3-8B'), _h100()
+  spec = SearchSpec(app, system, 16, 64, 'bfloat16', framework=framework,
+                    limits={'pp': ((1, 2),), 'mbs': ((1, 2),)})
+  result = optimal_executions(spec, 3, workers=1)
+  assert result.best
+  for best in result.best:
+    rec = execution_record(spec, result.groups[best.group], best.flat)
+    resolved, _ = resolve_execution(app, Execution.from_dict(rec))
+    assert resolved.tensor_par_overlap == 'none' or \
+      resolved.tensor_par_comm_type == 'rs_ag', rec
