@@ -299,6 +299,10 @@ def run_optimal(args, log):
     return EXIT_INTERRUPTED if result.partial else (
       EXIT_OK if args.noneok else EXIT_INFEASIBLE)
   log.info(f'Best sample rate: {result.best[0][0]}')
+  if getattr(result, 'ties', 0) > 1:
+    log.info(f'Ties: {result.ties} executions within '
+             f'{100 * result.tie_tolerance:g} % of the best rate; #0 is the '
+             'simplest of them (fewest virtual stages, then offloads)')
   from calculon.llm.results import best_to_output, write_best
   from calculon.report import binding_text
   output = best_to_output(spec, result, args.layers)

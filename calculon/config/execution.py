@@ -23,6 +23,7 @@ from calculon.config._record import frozen_record
 from calculon.config._schema import Reader, Spec, show
 from calculon.errors import ConfigError
 
+from calculon.config import parallel as _parallel
 from calculon.config import registry as _registry
 from calculon.config.registry import (  # noqa: F401 -- re-exported
   ATTENTION_KERNEL_NAMES, ATTENTION_NAMES, CHECKPOINT_LAYOUT_NAMES,
@@ -506,10 +507,8 @@ def _requires_rule(f):
   field takes one of the values."""
   other, values, why = f.requires
   other_f = _registry.field('execution', other)
-  codes = [other_f.names.index(v) for v in values]
-  absent = f.absent if f.names is None else (
-    RECOMPUTE_MODULE_SETS.index(f.absent) if f.name == 'recompute_modules'
-    else f.names.index(f.absent))
+  codes = [other_f.code(v) for v in values]
+  absent = f.code(f.absent)
 
   def column(c, name):
     return c.sharding if name == 'data_par_sharding' else getattr(c, name)
@@ -545,26 +544,36 @@ def _procs_message(c, i):
   return f'{text} = {values}'
 
 
+def _broken(holds):
+  """The executions breaking a rule of :mod:`calculon.config.parallel`
+  (which says where it holds)."""
+  return np.logical_not(holds)
+
+
 RULES = (
   Rule('num_procs',
-       lambda c: c.num_procs != c.tensor_par * c.pipeline_par * c.data_par *
-       c.context_par, _procs_message),
+       lambda c: _broken(_parallel.procs_match(
+         c.num_procs, c.tensor_par, c.pipeline_par, c.data_par,
+         c.context_par)), _procs_message),
   Rule('batch_size',
-       lambda c: c.batch_size % c.data_par != 0,
+       lambda c: _broken(_parallel.batch_splits(c.batch_size, c.data_par)),
        lambda c, i: f"= {_v(c, 'batch_size', i)} is not allowed: must be a "
        f"multiple of data_par = {_v(c, 'data_par', i)}"),
   Rule('microbatch_size',
-       lambda c: (c.batch_size // c.data_par) % c.microbatch_size != 0,
+       lambda c: _broken(_parallel.microbatch_divides(
+         c.batch_size, c.data_par, c.microbatch_size)),
        lambda c, i: f"= {_v(c, 'microbatch_size', i)} is not allowed: must "
-       f"divide the local batch size batch_size / data_par = "
-       f"{_v(c, 'batch_size', i) // _v(c, 'data_par', i)}"),
+       "divide the local batch size batch_size / data_par = "
+       + str(_parallel.local_batch(_v(c, 'batch_size', i),
+                                   _v(c, 'data_par', i)))),
   Rule('activation_recompute',
        lambda c: (c.activation_recompute != RECOMPUTE_NONE) & ~c.training,
        lambda c, i: f"= {show(RECOMPUTE_NAMES[_v(c, 'activation_recompute', i)])}"
        ' is not allowed: recomputation exists only when training; use '
        '"none" with training = false'),
   Rule('pipeline_interleaving',
-       lambda c: (c.pipeline_par == 1) & (c.pipeline_interleaving != 1),
+       lambda c: _broken(_parallel.interleaving_needs_pp(
+         c.pipeline_par, c.pipeline_interleaving)),
        lambda c, i: f"= {_v(c, 'pipeline_interleaving', i)} is not allowed: "
        "must be 1 when pipeline_par = 1"),
   Rule('optimizer_sharding',
@@ -586,8 +595,9 @@ RULES = (
        ' is not allowed: sharding over data parallelism exists only when '
        'training; use "none"'),
   Rule('expert_par',
-       lambda c: (c.tensor_par * c.data_par * c.context_par) % (
-         c.expert_par * c.expert_tensor_par) != 0,
+       lambda c: _broken(_parallel.experts_fold(
+         c.tensor_par, c.data_par, c.context_par, c.expert_par,
+         c.expert_tensor_par)),
        lambda c, i: f"= {_v(c, 'expert_par', i)} is not allowed: "
        'expert_par * expert_tensor_par = '
        f"{_v(c, 'expert_par', i) * _v(c, 'expert_tensor_par', i)} must divide "

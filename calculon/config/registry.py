@@ -58,6 +58,11 @@ TILED_GEMM_SIZE_NAMES = ('whole', 'tile')
 #: it (Calculon), or on the host with a fused (one-pass) or an unfused
 #: (one kernel per operation) Adam.
 OPTIMIZER_OFFLOAD_STEP_NAMES = ('device', 'host_fused', 'host_unfused')
+#: Where the weight gradients live when the optimizer state is offloaded
+#: (``optimizer_offload_gradients``): in memory tier 2 with a
+#: double-buffered working set in tier 1 (Calculon), or whole in tier 1,
+#: the host holding a copy for its step.
+OPTIMIZER_OFFLOAD_GRADIENTS_NAMES = ('host', 'device')
 #: Which of a processor's blocks keep their activations in memory tier 2
 #: when activations are offloaded (``activation_offload_layers``).
 ACTIVATION_OFFLOAD_LAYERS_NAMES = ('all', 'fit')
@@ -157,6 +162,53 @@ class Field:
   def required(self):
     """True for a field that must be given."""
     return self.absent is REQUIRED
+
+  # -- the codec: a JSON value <-> the engine's code and column ------------
+  #: Code of a categorical value left out (None).
+  UNSET = -1
+
+  @property
+  def dtype(self):
+    """numpy dtype of the field's engine column: bool, float64 for a
+    number, int64 for an integer or a categorical code."""
+    import numpy as np
+    return bool if self.spec.kind == 'bool' else (
+      np.float64 if self.spec.kind == 'number' else np.int64)
+
+  def code(self, value):
+    """The engine's code of a JSON value: a categorical value's index in
+    :attr:`names` (``recompute_modules``: a set's index in
+    :data:`RECOMPUTE_MODULE_SETS`, given as its label or its list of
+    names), :attr:`UNSET` for None, any other value as is.
+
+    Raises:
+      ValueError: a name the field does not have.
+    """
+    if value is None:
+      return self.UNSET
+    if self.name == 'recompute_modules':
+      if not isinstance(value, str):
+        value = ','.join(m for m in RECOMPUTE_MODULES if m in value)
+      return RECOMPUTE_MODULE_SETS.index(value)
+    if self.names is not None:
+      return self.names.index(value)
+    return value
+
+  def value(self, code):
+    """The JSON value of an engine code (a numpy scalar or a Python
+    number): the name (``recompute_modules``: its list of names; None for
+    :attr:`UNSET`), a bool, an int or a float."""
+    code = code.item() if hasattr(code, 'item') else code
+    if self.names is not None:
+      if int(code) == self.UNSET:
+        return None
+      name = self.names[int(code)]
+      return name.split(',') if self.name == 'recompute_modules' else name
+    if self.spec.kind == 'bool':
+      return bool(code)
+    if self.spec.kind == 'int':
+      return int(code)
+    return float(code)
 
   def allowed(self):
     """Human text of the values allowed (the spec's)."""
@@ -534,6 +586,20 @@ EXECUTION = (
        'cpu_adam_impl.cpp); Megatron-Core optimizer/cpu_offloading/'
        'hybrid_optimizer.py (torch.optim.AdamW on the CPU); PyTorch FSDP2 '
        'CPUOffloadPolicy'),
+  _beh('optimizer_offload_gradients',
+       _choice(OPTIMIZER_OFFLOAD_GRADIENTS_NAMES), 'memory',
+       "with the optimizer state offloaded: 'device': the weight-gradient "
+       'buffer stays whole in memory tier 1 (the framework reduces into it '
+       'as without offload) and tier 2 holds a copy of the shard\'s '
+       'gradients that the host step reads',
+       names=OPTIMIZER_OFFLOAD_GRADIENTS_NAMES, absent='host',
+       absent_doc="'host': the weight gradients live in memory tier 2, a "
+       'double-buffered working set in tier 1 (Calculon)',
+       source='Megatron-Core megatron/core/optimizer/cpu_offloading/'
+       'hybrid_optimizer.py (d98e8a64dd) HybridDeviceOptimizer.'
+       '_set_sub_optimizer_grads: each step copies the GPU parameter\'s '
+       'grad (the DDP grad buffer, distributed/param_and_grad_buffer.py) '
+       'into a pinned CPU tensor; the buffer itself is never freed'),
   _beh('activation_offload_layers', _choice(ACTIVATION_OFFLOAD_LAYERS_NAMES),
        'memory',
        "with activations offloaded: 'fit': only the fewest of the "

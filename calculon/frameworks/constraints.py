@@ -16,7 +16,8 @@ from calculon.errors import ConfigError
 
 
 def _microbatches(c):
-  return (c.batch_size // c.data_par) // c.microbatch_size
+  from calculon.config.parallel import num_microbatches
+  return num_microbatches(c.batch_size, c.data_par, c.microbatch_size)
 
 
 def _interleaved_microbatches_multiple_of_pp(c, app, value):
@@ -81,6 +82,35 @@ def _weight_offload_needs_parameter_sharding(c, app, value):
     c.sharding != SHARD_PARAMETERS)
 
 
+def _tp_overlap_without_sequence_parallel(c, app, value):
+  from calculon.config.execution import TP_COMM_RS_AG, TP_OVERLAP_NONE
+  return (np.asarray(c.tensor_par_overlap) != TP_OVERLAP_NONE) & (
+    np.asarray(c.tensor_par_comm_type) != TP_COMM_RS_AG)
+
+
+def _split_not_buildable(c, app, value):
+  """Splits a Megatron-Core without layer layouts cannot build
+  (megatron/core/transformer/transformer_block.py get_num_layers_to_build
+  before core_r0.11.0, the era that names this check): the layers evenly
+  over PP and each rank's over VP; or one uneven first or last stage
+  (num_layers_in_first/last_pipeline_stage) whose layers, like every
+  middle stage's, VP divides (the embedding and the loss are not counted
+  in the split before core_r0.11.0).  The
+  engine's uneven split gives the first L mod PP stages one block more: a
+  single first stage (L mod PP = 1) or all but the last (L mod PP = PP -
+  1), and only with VP = 1 (VP would divide both ceil(L / PP) and
+  ceil(L / PP) - 1).  From core_v0.13.0 pipeline_model_parallel_layout
+  (transformer/pipeline_parallel_layer_layout.py) builds any split the
+  engine prices, so a preset of that era does not name this check."""
+  pp = np.asarray(c.pipeline_par)
+  vp = np.maximum(np.asarray(c.pipeline_interleaving), 1)
+  blocks = app.num_blocks
+  even = blocks % (pp * vp) == 0
+  rem = blocks % pp
+  one_edge = (vp == 1) & ((rem == 1) | (rem == pp - 1))
+  return (pp > 1) & ~even & ~one_edge
+
+
 #: kind -> (bad(columns, application, value) -> bool array, text of what is
 #: required (``{value}`` substituted), needs a value, the field a refusal
 #: names).
@@ -130,6 +160,16 @@ KINDS = {
     'moe_comm_overlap "compute" only without "moe" among the '
     'recompute_modules of selective recomputation', False,
     'moe_comm_overlap'),
+  'tp_overlap_needs_sequence_parallel': (
+    _tp_overlap_without_sequence_parallel,
+    'tensor_par_overlap other than "none" needs tensor_par_comm_type '
+    '"rs_ag" (sequence parallelism)', False, 'tensor_par_overlap'),
+  'pipeline_split_buildable': (
+    _split_not_buildable,
+    'the pipeline split must be one the framework builds (it has no '
+    'layer layout): PP x VP dividing the blocks, or with '
+    'pipeline_interleaving 1 one uneven first or last stage (blocks mod '
+    'PP = 1 or PP - 1)', False, 'pipeline_par'),
   'interleaved_min_blocks_per_stage': (
     _interleaved_min_blocks_per_stage,
     'with pipeline_interleaving > 1 each virtual stage needs at least '

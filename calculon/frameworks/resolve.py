@@ -29,29 +29,14 @@ from calculon.frameworks.preset import OFFLOAD_KINDS
 
 def code_of(name, value):
   """The engine's code (or plain value) of ``value`` of execution field
-  ``name``."""
-  f = registry.field('execution', name)
-  if value is None:
-    return UNSET
-  if name == 'recompute_modules':
-    return RECOMPUTE_MODULE_SETS.index(value)
-  if f.names is not None:
-    return f.names.index(value)
-  return value
+  ``name`` (the field's codec, :meth:`calculon.config.registry.Field.code`)."""
+  return registry.field('execution', name).code(value)
 
 
 def value_of(name, code):
-  """The JSON value of an engine code of execution field ``name``."""
-  f = registry.field('execution', name)
-  code = code.item() if isinstance(code, np.generic) else code
-  if f.names is not None:
-    return None if int(code) == UNSET else json_value(
-      name, f.names[int(code)])
-  if f.spec.kind == 'bool':
-    return bool(code)
-  if f.spec.kind == 'int':
-    return int(code)
-  return float(code)
+  """The JSON value of an engine code of execution field ``name``
+  (:meth:`calculon.config.registry.Field.value`)."""
+  return registry.field('execution', name).value(code)
 
 
 def _column(cols, name):
@@ -97,9 +82,7 @@ def _cases(rule, cols, app):
 
 
 def _dtype(name):
-  spec = registry.field('execution', name).spec
-  return bool if spec.kind == 'bool' else (
-    np.float64 if spec.kind == 'number' else np.int64)
+  return registry.field('execution', name).dtype
 
 
 def resolve_columns(preset, app, cols, written=()):

@@ -10,6 +10,7 @@ with every statistic plus ``feasible`` and ``reason``.
 import numpy as np
 
 from calculon.config import Application, ExecutionColumns, check_rules
+from calculon.config import parallel
 from calculon.config.execution import (
   ATTENTION_AUTO, ATTENTION_GROUPED, ATTENTION_MULTIHEAD, ATTENTION_MULTIQUERY,
   ATTENTION_NAMES, DATATYPE_NAMES, RECIPE_TE, TP_COMM_AR)
@@ -81,7 +82,7 @@ def check_compatible(app, system, exe, source='<execution>'):
   tp = exe.tensor_par
   for what, size in (('hidden', app.hidden), ('feedforward', app.feedforward),
                      ('attn_heads', app.attn_heads)):
-    i = _first(size % tp != 0, shape)
+    i = _first(np.logical_not(parallel.tp_divides(size, tp)), shape)
     if i is not None:
       value = int(_at(tp, shape, i))
       raise ConfigError(
@@ -89,7 +90,8 @@ def check_compatible(app, system, exe, source='<execution>'):
         f"it must divide the application's {what} ({size})",
         source=source, field='tensor_par', value=value)
   cp = exe.context_par
-  i = _first((cp > 1) & (app.seq_size % (2 * cp) != 0), shape)
+  i = _first(np.logical_not(
+    parallel.cp_splits_sequence(app.seq_size, cp)), shape)
   if i is not None:
     value = int(_at(cp, shape, i))
     raise ConfigError(
@@ -98,9 +100,10 @@ def check_compatible(app, system, exe, source='<execution>'):
       f'({app.seq_size}); the causal mask is balanced over 2 x CP chunks '
       '(Megatron-Core context parallelism)',
       source=source, field='context_par', value=value)
-  batch_seq = exe.microbatch_size * (app.seq_size // cp)
-  bad = ((exe.tensor_par_comm_type != TP_COMM_AR) | app.is_moe) & (
-    batch_seq % tp != 0)
+  batch_seq = parallel.tokens_per_microbatch(exe.microbatch_size,
+                                             app.seq_size, cp)
+  bad = ((exe.tensor_par_comm_type != TP_COMM_AR) | app.is_moe) & \
+    np.logical_not(parallel.tp_splits_tokens(batch_seq, tp))
   i = _first(bad, shape)
   if i is not None:
     value = int(_at(tp, shape, i))
@@ -172,7 +175,7 @@ def _check_attention(app, exe, shape, where, source):
       f'"{ATTENTION_NAMES[implied]}" (or leave attention_type out)',
       source=source, field='attention_type', value=name)
   tp = exe.tensor_par
-  i = _first((kv % tp != 0) & (tp % kv != 0), shape)
+  i = _first(np.logical_not(parallel.kv_heads_fit_tp(kv, tp)), shape)
   if i is not None:
     value = int(_at(tp, shape, i))
     raise ConfigError(

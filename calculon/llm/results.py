@@ -25,7 +25,11 @@ def best_to_output(spec, result, layers=False):
   ``set``, what the preset set ({field: value}), and ``resolved``: every
   field as priced; ``binds``, what binds it (:func:`calculon.report.
   binding`: memory, compute, or its largest overhead); and ``margin_to_next_pct``,
-  how much faster it is than the next (None for the last).
+  how much faster it is than the next (None for the last); the first
+  entry also holds ``ties``: ``executions``, how many of the space lie
+  within ``tolerance_pct`` of its rate (itself included), the best among
+  them being the simplest (fewest virtual stages, then offloads:
+  :func:`calculon.search.exhaustive.apply_ties`).
 
   Raises:
     RuntimeError: a re-priced sample rate disagrees with the search (an
@@ -50,6 +54,12 @@ def best_to_output(spec, result, layers=False):
       nxt = result.best[rank + 1] if rank + 1 < len(result.best) else None
       entry['margin_to_next_pct'] = None if nxt is None else \
         100.0 * (best.rate / nxt.rate - 1.0)
+      if rank == 0 and getattr(result, 'tie_tolerance', 0.0):
+        entry['ties'] = {'executions': int(result.ties),
+                         'tolerance_pct': 100.0 * result.tie_tolerance,
+                         'rule': 'within the tolerance of the best rate '
+                                 'the fewest virtual pipeline stages, then '
+                                 'the fewest offloads'}
     output[str(rank)] = entry
   return output
 

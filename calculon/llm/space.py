@@ -2,8 +2,11 @@
 
 Each function lists the valid values of one dimension given the ones before
 it (Calculon's ``Llm.get_*`` helpers); :mod:`calculon.llm.search` combines
-them into grids.
+them into grids.  The rules on the degrees are
+:mod:`calculon.config.parallel`'s.
 """
+
+from calculon.config import parallel as P
 
 
 def factors(x):
@@ -14,7 +17,7 @@ def factors(x):
 def tensor_parallelisms(num_procs, hidden, attn_heads):
   """TP degrees: divisors of num_procs dividing hidden and attn_heads."""
   return [c for c in factors(num_procs)
-          if hidden % c == 0 and attn_heads % c == 0]
+          if P.tp_divides(hidden, c) and P.tp_divides(attn_heads, c)]
 
 
 def pipeline_parallelisms(num_procs, tensor_par, num_blocks):
@@ -35,7 +38,7 @@ def only_vocab_split_is_even(num_blocks, stages):
 
 def data_parallelism(num_procs, tensor_par, pipeline_par):
   """DP degree: the processors left, num_procs / (TP * PP)."""
-  return num_procs // (tensor_par * pipeline_par)
+  return num_procs // P.procs(tensor_par, pipeline_par, 1)
 
 
 def pipeline_interleavings(num_blocks, pipeline_par):
@@ -49,8 +52,9 @@ def microbatch_sizes(seq_size, tensor_par, data_par, global_batch_size,
                      pipeline_par=None):
   """Microbatch sizes: divisors of the local batch whose tokens split
   evenly over TP."""
-  local = global_batch_size // data_par
-  return [c for c in factors(local) if (c * seq_size) % tensor_par == 0]
+  local = P.local_batch(global_batch_size, data_par)
+  return [c for c in factors(local) if P.tp_splits_tokens(
+    P.tokens_per_microbatch(c, seq_size), tensor_par)]
 
 
 def can_redo_ag(tensor_par_comm_type, activation_recompute):
@@ -62,6 +66,4 @@ def can_redo_ag(tensor_par_comm_type, activation_recompute):
 def batch_size_for(data_par, max_batch_size):
   """The largest multiple of DP not above ``max_batch_size`` (None if DP is
   larger)."""
-  if data_par > max_batch_size:
-    return None
-  return max_batch_size // data_par * data_par
+  return P.largest_batch(data_par, max_batch_size)

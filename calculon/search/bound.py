@@ -48,7 +48,7 @@ from calculon.config import ExecutionColumns
 from calculon.llm.model import (
   Evaluation, OK, NON_FINITE, ENGINE_ERROR, NETWORK_TOO_SMALL,
   NETWORK_NOT_FILLED, INTERLEAVING_TOO_LARGE, INTERLEAVING_NOT_FACTOR)
-from calculon.search.exhaustive import ChunkResult
+from calculon.search.exhaustive import ChunkResult, tie_tolerance
 from calculon.search.grid import (
   Chunk, Group, axis_values, columns, count_valid, grid_columns, valid_mask)
 
@@ -305,8 +305,10 @@ def search_group(spec, group, top_n, threshold_of):
   bounds of the surviving level-1 cells over every other axis (the inner
   axes cut), then the full pricing of the surviving level-2 cells over
   every inner combination, in order of their bound.  The threshold is the
-  larger of ``threshold_of()`` (the shared n-th best rate) and this group's
-  own n-th best so far.
+  larger of ``threshold_of()`` (the shared n-th best rate less the tie
+  tolerance) and this group's own n-th best so far less the tie tolerance
+  (:func:`~calculon.search.exhaustive.tie_tolerance`: every near tie is
+  priced).
 
   Returns:
     :class:`~calculon.search.exhaustive.ChunkResult` (flat indices in
@@ -326,9 +328,11 @@ def search_group(spec, group, top_n, threshold_of):
     res.total += count_valid(spec, columns(spec, Chunk(fixed, ())),
                              reduced.shape)
 
+  tol = tie_tolerance(spec)
+
   def threshold():
     own = res.best[top_n - 1][0] if len(res.best) >= top_n else 0.0
-    return max(threshold_of(), own)
+    return max(threshold_of(), own * (1.0 - tol))
 
   ev1 = None
   try:

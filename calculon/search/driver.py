@@ -17,7 +17,8 @@ import numpy as np
 from calculon.parallel import imap
 from calculon.search import bound as B
 from calculon.search.exhaustive import (
-  chunk_rows, evaluate_chunk, merge_best)
+  apply_ties, chunk_rows, evaluate_chunk, merge_best, merge_near,
+  merge_simplest, tie_tolerance)
 from calculon.search.grid import (
   DEFAULT_CHUNK, MODERN_CHUNK, REDUCED_CHUNK, Chunk, chunks, groups,
   valid_count)
@@ -34,7 +35,11 @@ class SearchResult:
     feasible: feasible among those; reasons: {reason code: count} of the
     infeasible ones; elapsed_s: wall time; partial: interrupted before the
     end; groups: the space's groups (to rebuild executions); pruned:
-    executions the bounds proved slower than the best, not priced.
+    executions the bounds proved slower than the best, not priced; ties:
+    executions within ``tie_tolerance`` (relative) of the best rate, the
+    best among them the simplest
+    (:func:`~calculon.search.exhaustive.apply_ties`; 0 in Calculon's
+    space).
   """
   best: list
   total: int
@@ -45,6 +50,8 @@ class SearchResult:
   partial: bool
   groups: list
   pruned: int = 0
+  ties: int = 0
+  tie_tolerance: float = 0.0
 
   @property
   def rate_per_s(self):
@@ -110,7 +117,10 @@ class _LocalValue:
 def optimal_executions(spec, top_n=1, workers=1, chunk_size=None,
                        on_progress=None):
   """Searches the whole space and keeps the ``top_n`` fastest executions
-  (ties: :func:`calculon.search.exhaustive.sort_key`).
+  (ties: :func:`calculon.search.exhaustive.sort_key`; outside Calculon's
+  space rates within :func:`~calculon.search.exhaustive.tie_tolerance`
+  of the best tie and go to the simplest execution,
+  :func:`~calculon.search.exhaustive.apply_ties`).
 
   Memory is O(top_n + chunk) per process.  Ctrl-C (KeyboardInterrupt) stops
   the search and returns what was found, with ``partial=True``.
@@ -142,6 +152,8 @@ def optimal_executions(spec, top_n=1, workers=1, chunk_size=None,
     chunk_size = REDUCED_CHUNK if prune else (
       MODERN_CHUNK if spec.modern else DEFAULT_CHUNK)
   threshold = _Threshold(workers) if prune else None
+  tol = tie_tolerance(spec)
+  simplest, near = {}, None
   order = groups_
   group_bound = {}
   if prune:
@@ -179,14 +191,18 @@ def optimal_executions(spec, top_n=1, workers=1, chunk_size=None,
       pruned += res.pruned
       for code, n in res.reasons.items():
         reasons[code] = reasons.get(code, 0) + n
+      simplest = merge_simplest(simplest, res.simplest)
+      near = merge_near(near, res.near, tol)
       if prune and len(best) >= top_n:
-        threshold.set(best[top_n - 1][0])
+        threshold.set(best[top_n - 1][0] * (1.0 - tol))
       if on_progress is not None:
         on_progress(res.total)
   except KeyboardInterrupt:
     partial = True
+  best, ties = apply_ties(spec, groups_, best, simplest, near, top_n)
   return SearchResult(best, total, evaluated, feasible, reasons,
-                      time.perf_counter() - start, partial, groups_, pruned)
+                      time.perf_counter() - start, partial, groups_, pruned,
+                      ties, tol)
 
 
 def _rows_task(task):

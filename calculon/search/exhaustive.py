@@ -18,6 +18,16 @@ executions are distinct: one that prices exactly as a better one (the
 same rate, offloads, memory and stages: it differs only in a flag that
 changes nothing, such as a TP communication type at TP 1) is not kept
 (:func:`distinct`).
+
+Near ties: a sample rate is no finer than the model that priced it, so
+outside Calculon's preset executions within :data:`TIE_TOLERANCE` of the
+best rate tie, and the best goes to the simplest of them (fewest virtual
+pipeline stages, then fewest offloads, then the order above:
+:func:`apply_ties`).  Each chunk keeps, besides its top-n, the best
+execution of every (virtual stages, offloads) class and the rates near
+its own best (:class:`ChunkResult` ``simplest``, ``near``); the branch
+and bound prunes only below the n-th best rate less the tolerance, so
+every execution within it of the best is priced.
 """
 
 from dataclasses import dataclass, field
@@ -27,6 +37,24 @@ import numpy as np
 
 from calculon.llm.model import Evaluation, OK, NON_FINITE, ENGINE_ERROR
 from calculon.search.grid import Chunk, columns, execution_record, valid_mask
+
+
+#: Relative sample-rate difference below which two executions tie (0.5
+#: %): an order of magnitude below the model's resolution, its median
+#: |error| on published runs of 6.6 % held out by source and 2.6 % on the
+#: best-documented group (docs/accuracy.md), so a smaller difference is
+#: no evidence that one execution is faster.  Llama 3 70B on 512 H100s
+#: has its five best (VP 41, 40, 20, 10, 8) within 0.45 % of each other.
+TIE_TOLERANCE = 0.005
+
+
+def tie_tolerance(spec):
+  """The tie tolerance of a search: :data:`TIE_TOLERANCE` (or the
+  spec's ``tie_tolerance``) outside Calculon's space, 0 in it (golden
+  parity: equal rates only, in Calculon's order)."""
+  if not spec.modern:
+    return 0.0
+  return float(getattr(spec, 'tie_tolerance', TIE_TOLERANCE))
 
 
 class Best(tuple):
@@ -91,6 +119,10 @@ class ChunkResult:
   reasons: dict = field(default_factory=dict)
   best: list = field(default_factory=list)
   pruned: int = 0
+  #: {(virtual stages, offloads): Best}: each class's best (near ties).
+  simplest: dict = field(default_factory=dict)
+  #: Sample rates within the tie tolerance of the chunk's best.
+  near: object = None
 
   def add(self, spec, group, cells, rate, reason, mem1, top_n):
     """Counts executions priced at the grid indices ``cells`` (int array
@@ -111,6 +143,13 @@ class ChunkResult:
       order = _order(spec, vals, offloads, mem, flat)
       self.best = merge_best(self.best, _first_distinct(
         spec, group, order, vals, flat, offloads, mem, top_n), top_n)
+      self.merge_ties(spec, *_ties_of(spec, group, cells[feasible], vals,
+                                      flat, offloads, mem))
+
+  def merge_ties(self, spec, simplest, near):
+    """Adds another part's class bests and near rates (:func:`_ties_of`)."""
+    self.simplest = merge_simplest(self.simplest, simplest)
+    self.near = merge_near(self.near, near, tie_tolerance(spec))
 
 
 def _offloads_at(group, cells):
@@ -120,6 +159,101 @@ def _offloads_at(group, cells):
     i = group.axes.index(name)
     n += np.asarray(group.values[name], dtype=bool)[cells[:, i]]
   return n
+
+
+def _vp_at(group, cells):
+  """Virtual pipeline stages of each execution at grid indices
+  ``cells``."""
+  i = group.axes.index('pipeline_interleaving')
+  return np.asarray(group.values['pipeline_interleaving'],
+                    dtype=np.int64)[cells[:, i]]
+
+
+def simplicity(vp, offloads):
+  """The near-tie order of an execution (smaller is simpler): its
+  virtual pipeline stages, then its offloads."""
+  return (int(vp), int(offloads))
+
+
+def _ties_of(spec, group, cells, rate, flat, offloads, mem1):
+  """({(virtual stages, offloads): Best}, rates near the best) of the
+  feasible executions at grid indices ``cells`` (n, axes) with their
+  rates, flat indices, offloads and tier-1 memory (n,); ({}, None) in
+  Calculon's space."""
+  tol = tie_tolerance(spec)
+  if not tol or not len(rate):
+    return {}, None
+  vp = _vp_at(group, cells)
+  order = _order(spec, rate, offloads, mem1, flat)
+  key = vp[order] * 4 + offloads[order]
+  _, first = np.unique(key, return_index=True)
+  simplest = {}
+  for j in first:
+    o = order[j]
+    simplest[simplicity(vp[o], offloads[o])] = Best(
+      float(rate[o]), group.index, int(flat[o]),
+      tie_key(spec, group, offloads[o], mem1[o]))
+  near = rate[rate >= rate.max() * (1.0 - tol)]
+  return simplest, np.sort(near)[::-1]
+
+
+def merge_simplest(a, b):
+  """Two {class: Best} merged, each class keeping its best
+  (:func:`sort_key`)."""
+  out = dict(a)
+  for k, v in b.items():
+    if k not in out or sort_key(v) < sort_key(out[k]):
+      out[k] = v
+  return out
+
+
+def merge_near(a, b, tol):
+  """Two arrays of near rates merged: those within ``tol`` of the best
+  of both."""
+  if a is None or not len(a):
+    return b
+  if b is None or not len(b):
+    return a
+  both = np.concatenate([a, b])
+  return np.sort(both[both >= both.max() * (1.0 - tol)])[::-1]
+
+
+def apply_ties(spec, groups_, best, simplest, near, top_n):
+  """The kept executions with near ties given to the simplest.
+
+  Args:
+    spec: the search's spec (:func:`tie_tolerance`).
+    groups_: the space's groups (to find a kept execution's class).
+    best: the kept :class:`Best` list (:func:`sort_key` order).
+    simplest: {(virtual stages, offloads): Best} over the whole space.
+    near: sample rates within the tolerance of each part's best.
+    top_n: how many to keep.
+
+  Returns:
+    (the list: every execution within the tolerance of the best rate, of
+    ``best`` and the class bests, ordered by :func:`simplicity` then
+    :func:`sort_key`, then the rest of ``best``; at most ``top_n``, how
+    many executions of the space lie within the tolerance of the best
+    rate).  ``best`` and 0 in Calculon's space.
+  """
+  tol = tie_tolerance(spec)
+  if not tol or not best:
+    return best, 0
+  top = best[0].rate
+  floor = top * (1.0 - tol)
+  ties = 0 if near is None else int(np.sum(np.asarray(near) >= floor))
+
+  def cls(b):
+    g = groups_[b.group]
+    cells = np.asarray(np.unravel_index(b.flat, g.shape)).reshape(1, -1)
+    return simplicity(_vp_at(g, cells)[0], _offloads_at(g, cells)[0])
+  pool = {(b.group, b.flat): b for b in best if b.rate >= floor}
+  for b in simplest.values():
+    if b.rate >= floor:
+      pool.setdefault((b.group, b.flat), b)
+  tied = sorted(pool.values(), key=lambda b: (cls(b), sort_key(b)))
+  rest = [b for b in best if (b.group, b.flat) not in pool]
+  return (tied + rest)[:top_n], max(ties, 1)
 
 
 def _first_distinct(spec, group, order, rate, flat, offloads, mem1, top_n):
@@ -195,6 +329,14 @@ def evaluate_chunk(spec, chunk, top_n):
   codes, counts = np.unique(reason[considered & ~feasible], return_counts=True)
   res.reasons = {int(c): int(n) for c, n in zip(codes, counts)}
   res.best = top_of(spec, rate, feasible, mem1, top_n, chunk)
+  if tie_tolerance(spec) and feasible.any():
+    idx = np.flatnonzero(feasible.reshape(-1))
+    cells = np.stack(np.unravel_index(idx, shape), axis=1)
+    cells[:, :len(chunk.prefix)] += np.asarray(chunk.prefix, dtype=np.int64)
+    mem = np.broadcast_to(mem1, shape).reshape(-1)[idx]
+    res.merge_ties(spec, *_ties_of(
+      spec, chunk.group, cells, rate.reshape(-1)[idx], chunk.offset + idx,
+      _offloads_at(chunk.group, cells), mem))
   return res
 
 

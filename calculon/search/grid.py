@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from calculon.config import ExecutionColumns
+from calculon.config import parallel as P
 from calculon.config._schema import Reader
 from calculon.config.execution import (
   ATTENTION_AUTO, ATTENTION_KERNEL_NAMES, DATATYPE_NAMES, FIELD_SPECS,
@@ -384,9 +385,10 @@ def _modern_groups(spec):
   n = spec.num_procs
   out = []
   for tp in space.factors(n):
-    if app.hidden % tp or app.attn_heads % tp or app.feedforward % tp:
+    if not all(P.tp_divides(size, tp) for size in (
+        app.hidden, app.attn_heads, app.feedforward)):
       continue
-    if kv is not None and kv % tp and tp % kv:
+    if kv is not None and not P.kv_heads_fit_tp(kv, tp):
       continue
     if not (spec.limit('tp', tp) and _degree_allowed(spec, 'tensor_par',
                                                      tp)):
@@ -396,20 +398,21 @@ def _modern_groups(spec):
           not _degree_allowed(spec, 'pipeline_par', pp):
         continue
       for cp in space.factors(n // (tp * pp)):
-        if cp > 1 and app.seq_size % (2 * cp):
+        if not P.cp_splits_sequence(app.seq_size, cp):
           continue
         if not (spec.limit('cp', cp) and _degree_allowed(
             spec, 'context_par', cp)):
           continue
-        dp = n // (tp * pp * cp)
+        dp = n // P.procs(tp, pp, 1, cp)
         if not spec.limit('dp', dp):
           continue
-        batch = space.batch_size_for(dp, spec.max_batch_size)
+        batch = P.largest_batch(dp, spec.max_batch_size)
         if batch is None:
           continue
-        seq = app.seq_size // cp
-        mbs = [c for c in space.factors(batch // dp) if (c * seq) % tp == 0]
-        bpp = -(-app.num_blocks // pp)
+        mbs = [c for c in space.factors(P.local_batch(batch, dp))
+               if P.tp_splits_tokens(
+                 P.tokens_per_microbatch(c, app.seq_size, cp), tp)]
+        bpp = int(P.split_blocks(app.num_blocks, pp)[0])
         dpcp = dp * cp
         values = _option_values(spec, tp, pp, dp, dpcp, mbs, nets, has_mem2)
         interleavings = space.factors(bpp) if pp > 1 else [1]
@@ -417,7 +420,8 @@ def _modern_groups(spec):
           # A framework's split may count the embedding and the loss as
           # blocks (PP x VP dividing the blocks + 2): their virtual stages
           # too (the engine refuses those that do not divide its stages).
-          more = space.factors(-(-(app.num_blocks + 2) // pp))
+          more = space.factors(int(P.split_blocks(app.num_blocks + 2,
+                                                  pp)[0]))
           interleavings = sorted(set(interleavings) | set(more))
         values.update({
           'pipeline_interleaving': _preset_values(
@@ -432,10 +436,9 @@ def _modern_groups(spec):
           'context_par_net': nets if cp > 1 else [0],
         })
         if app.is_moe:
-          folded = tp * dp * cp
           values['expert_par'] = [
             e for e in space.factors(app.num_experts)
-            if folded % e == 0 and spec.limit('ep', e) and
+            if P.experts_fold(tp, dp, cp, e, 1) and spec.limit('ep', e) and
             _degree_allowed(spec, 'expert_par', e)]
           values['expert_tensor_par'] = sorted(
             {1, tp} & {t for t in space.factors(tp)
@@ -606,8 +609,8 @@ def valid_mask(cols, spec=None):
   ep = cols.expert_par
   if np.ndim(ep) == 0 and ep == 1 and np.ndim(cols.expert_tensor_par) == 0:
     return ok
-  folded = cols.tensor_par * cols.data_par * cols.context_par
-  fits = folded % (ep * cols.expert_tensor_par) == 0
+  fits = P.experts_fold(cols.tensor_par, cols.data_par, cols.context_par,
+                        ep, cols.expert_tensor_par)
   single = (ep > 1) | ((cols.moe_dispatcher == 0) &
                        (cols.moe_comm_overlap == 0) &
                        (cols.expert_par_net == 0))

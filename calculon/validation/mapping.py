@@ -28,9 +28,11 @@ import re
 
 import numpy as np
 
+from calculon.config import parallel as P
+from calculon.config import registry as _registry
 from calculon.config.execution import (
   ATTENTION_KERNEL_NAMES, FIELD_SPECS, FIELDS, OPTIONAL_SPECS,
-  RECOMPUTE_MODULE_SETS, RECOMPUTE_NAMES, json_value,
+  RECOMPUTE_NAMES, json_value,
   recompute_modules_label, SHARDING_NAMES, TP_COMM_NAMES, TP_OVERLAP_NAMES)
 from calculon.config.application import router_groups_fit
 from calculon.config.system import OPTIONAL_EFFICIENCIES
@@ -751,21 +753,22 @@ class Mapper:
     if tp is None or pp is None:
       case.missing.append('TP and PP not stated')
       return
-    if dp is None and n is not None and n % (tp * pp * cp) == 0:
-      dp = n // (tp * pp * cp)
+    if dp is None and n is not None and n % P.procs(tp, pp, 1, cp) == 0:
+      dp = n // P.procs(tp, pp, 1, cp)
       case.assume('dp', dp, 'GPUs / (TP x PP x CP)')
     if dp is None:
       case.missing.append('DP not stated and not derivable')
       return
-    if n is not None and tp * pp * dp * cp != n:
-      case.missing.append(f'TP x PP x DP x CP = {tp * pp * dp * cp} is not '
+    if n is not None and not P.procs_match(n, tp, pp, dp, cp):
+      case.missing.append(f'TP x PP x DP x CP = {P.procs(tp, pp, dp, cp)} '
+                          'is not '
                           f'the GPU count {n}')
       return
     batch = number(row.get('global_batch_size'))
     if batch is None:
       case.missing.append('global batch not stated')
       return
-    if batch % dp:
+    if not P.batch_splits(batch, dp):
       case.missing.append(f'global batch {batch} is not a multiple of DP = '
                           f'{dp}')
       return
@@ -787,7 +790,8 @@ class Mapper:
           return i
       return len(nets) - 1
     fixed.update({
-      'num_procs': tp * pp * dp * cp, 'tensor_par': tp, 'pipeline_par': pp,
+      'num_procs': P.procs(tp, pp, dp, cp), 'tensor_par': tp,
+      'pipeline_par': pp,
       'data_par': dp, 'context_par': cp, 'batch_size': batch,
       'tensor_par_net': tier(tp) if tp > 1 else 0,
       'context_par_net': tier(tp * cp) if cp > 1 else 0,
@@ -916,13 +920,13 @@ class Mapper:
       return list(default)
 
     # Microbatch.
-    local = batch // dp
+    local = P.local_batch(batch, dp)
     mbs = number(row.get('micro_batch_size'))
     if mbs is not None:
       axes['microbatch_size'] = [mbs]
     else:
       ok = [m for m in _factors(local) if m <= MAX_MICROBATCH and
-            (m * (seq // cp)) % tp == 0]
+            P.tp_splits_tokens(P.tokens_per_microbatch(m, seq, cp), tp)]
       per_stage = local // pp if pp > 1 and local % pp == 0 else None
       if 'pipeline_microbatches' in settings and per_stage in ok:
         # One microbatch per pipeline stage (the framework's default).
@@ -936,7 +940,7 @@ class Mapper:
     blocks = app['num_blocks']
     if pp > 1 and _counts_vocab(case, pp, number(row.get('vp')) or 1):
       blocks += 2
-    per_stage = -(-blocks // pp)
+    per_stage = int(P.split_blocks(blocks, pp)[0])
     divisors = _factors(per_stage)
     vp = number(row.get('vp'))
     if pp == 1:
@@ -1201,9 +1205,9 @@ def candidate_columns(case):
   cols = {}
   for i, key in enumerate(AXES):
     values = case.axes[key]
-    names = CATEGORIES.get(key)
-    if names is not None:
-      arr = np.array([names.index(v) for v in values], dtype=np.int64)
+    if key in CATEGORIES:
+      codec = _registry.field('execution', key)
+      arr = np.array([codec.code(v) for v in values], dtype=np.int64)
     elif key in ('data_par_overlap', 'fused_activation'):
       arr = np.array(values, dtype=bool)
     else:
@@ -1214,11 +1218,8 @@ def candidate_columns(case):
   for key, value in case.fixed.items():
     if key == 'framework':
       continue
-    names = CATEGORIES.get(key)
-    if key == 'recompute_modules':
-      cols[key] = np.int64(RECOMPUTE_MODULE_SETS.index(value))
-    elif names is not None:
-      cols[key] = np.int64(names.index(value))
+    if key in CATEGORIES:
+      cols[key] = np.int64(_registry.field('execution', key).code(value))
     elif isinstance(value, bool):
       cols[key] = np.bool_(value)
     elif isinstance(value, float):

@@ -411,7 +411,10 @@ def search(spec, networks, seed_rate=0.0):
   a layout skipped when its bound is below the best so far.
 
   ``seed_rate`` (samples/s): a rate known to be reached (the recipe's):
-  only executions at least that fast are looked for, which prunes more.
+  only executions at least that fast (less the tie tolerance) are looked
+  for, which prunes more.  Near ties of the best go to the simplest, as
+  in :func:`calculon.search.optimal_executions`
+  (:func:`calculon.search.exhaustive.apply_ties`).
   The result is the same whenever the best reaches it; when nothing does,
   the search runs again without it.
 
@@ -423,7 +426,8 @@ def search(spec, networks, seed_rate=0.0):
   """
   from calculon.search import SearchResult, optimal_executions
   from calculon.search import bound as B
-  from calculon.search.exhaustive import merge_best
+  from calculon.search.exhaustive import (
+    apply_ties, merge_best, merge_near, merge_simplest, tie_tolerance)
   from calculon.search.grid import groups
   start = time.perf_counter()
   every = groups(spec)
@@ -436,16 +440,21 @@ def search(spec, networks, seed_rate=0.0):
     place(g, networks)
   bounds = np.asarray([B.group_bound(spec, g) for g in gs], dtype=float)
   order = np.argsort(-bounds, kind='stable')
+  tol = tie_tolerance(spec)
   for seed in ((seed_rate, 0.0) if seed_rate > 0 else (0.0,)):
     best, total, evaluated, feasible, pruned, reasons = [], 0, 0, 0, 0, {}
     skipped = 0
+    simplest, near = {}, None
     for i in order:
-      threshold = max(seed, best[0].rate if best else 0.0)
+      # Near ties of the best are priced too (the simplest wins them).
+      threshold = max(seed, best[0].rate if best else 0.0) * (1.0 - tol)
       if threshold > 0 and bounds[i] * (1 + B.PRUNE_MARGIN) < threshold:
         skipped += 1
         continue
       res = B.search_group(spec, gs[i], 1, lambda t=threshold: t)
       best = merge_best(best, res.best, 1)
+      simplest = merge_simplest(simplest, res.simplest)
+      near = merge_near(near, res.near, tol)
       total += res.total
       evaluated += res.evaluated
       feasible += res.feasible
@@ -454,8 +463,10 @@ def search(spec, networks, seed_rate=0.0):
         reasons[code] = reasons.get(code, 0) + count
     if best:
       break
+  best, ties = apply_ties(spec, every, best, simplest, near, 1)
   result = SearchResult(best, total, evaluated, feasible, reasons,
-                        time.perf_counter() - start, False, every, pruned)
+                        time.perf_counter() - start, False, every, pruned,
+                        ties, tol)
   return result, len(gs), skipped
 
 

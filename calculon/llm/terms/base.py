@@ -30,6 +30,7 @@ from collections import namedtuple
 
 import numpy as np
 
+from calculon.config import parallel
 from calculon.config.execution import (
   DATATYPE_BYTES, DATATYPE_NAMES, OPTIMIZER_TRAFFIC_FUSED_ADAM, RECIPE_TE,
   RECOMPUTE_FULL, SCALING_BLOCK, SCALING_CURRENT, SHARD_GRADIENTS,
@@ -237,6 +238,7 @@ class BaseTerms:
     self.cp_usage = nets.usage(e.context_par_net)
     self.ep_usage = nets.usage(e.expert_par_net)
     self.shape = Shape(app, e, self.ctx)
-    self.batch_seq = e.microbatch_size * (app.seq_size // self.cp)
+    self.batch_seq = parallel.tokens_per_microbatch(
+      e.microbatch_size, app.seq_size, self.cp)
     self.activation_elems = self.batch_seq * app.hidden
     self.seq_par_activation_elems = (self.batch_seq // self.tp) * app.hidden

@@ -33,9 +33,11 @@ from functools import cached_property
 import numpy as np
 
 from calculon.config.registry import (
-  ACTIVATION_OFFLOAD_LAYERS_NAMES, ACTIVATION_OFFLOAD_SCOPE_NAMES)
+  ACTIVATION_OFFLOAD_LAYERS_NAMES, ACTIVATION_OFFLOAD_SCOPE_NAMES,
+  OPTIMIZER_OFFLOAD_GRADIENTS_NAMES)
 
 _ACT_OFFLOAD_FIT = ACTIVATION_OFFLOAD_LAYERS_NAMES.index('fit')
+_GRADS_ON_DEVICE = OPTIMIZER_OFFLOAD_GRADIENTS_NAMES.index('device')
 _ACT_SCOPE_TE = ACTIVATION_OFFLOAD_SCOPE_NAMES.index('te_marked')
 
 
@@ -210,21 +212,53 @@ class MemoryTerms:
       # The state lives and is updated on the host: the device streams
       # none of it.
       optim1 = np.where(host, 0, optim1)
+    grads2 = np.where(oo, self.block.weight_grad_bytes * self.blocks_per_proc,
+                      0)
+    optim2 = np.where(oo, self.optimizer_bytes, 0)
+    grads_kept = self._grads_kept
+    if np.any(grads_kept):
+      # The gradient buffer stays in tier 1; the host step's copy of the
+      # gradients is the optimizer's, in tier 2.
+      optim2 = optim2 + np.where(grads_kept, grads2, 0)
+      grads2 = np.where(grads_kept, 0, grads2)
     return {
       'weights': (np.where(wo, self.weight_bytes_min, self.weight_bytes) +
                   vocab['weights'], np.where(wo, self._weight_host_bytes, 0)),
       'activations': (act1 + vocab['activations'], act2),
       'checkpoints': (ckpt1, ckpt2),
-      'weight_gradients': (np.where(oo, self.weight_grad_bytes_min,
+      'weight_gradients': (np.where(self._grads_offloaded,
+                                    self.weight_grad_bytes_min,
                                     self.weight_grad_bytes) +
-                           vocab['weight_gradients'],
-                           np.where(oo, self.block.weight_grad_bytes *
-                                    self.blocks_per_proc, 0)),
-      'optimizer': (optim1 + vocab['optimizer'],
-                    np.where(oo, self.optimizer_bytes, 0)),
+                           vocab['weight_gradients'], grads2),
+      'optimizer': (optim1 + vocab['optimizer'], optim2),
       'activation_gradients': (np.maximum(self.act_grad_bytes,
                                           vocab['activation_gradients']), 0),
     }
+
+  @cached_property
+  def _grads_kept(self):
+    """True where the optimizer state is offloaded and the weight
+    gradients stay in tier 1 (``optimizer_offload_gradients`` 'device'):
+    the gradient buffer whole in tier 1, the host step's copy of the
+    gradients (as many bytes as Calculon offloads) in tier 2 with the
+    optimizer state (Megatron-Core HybridDeviceOptimizer,
+    optimizer/cpu_offloading/hybrid_optimizer.py, d98e8a64dd:
+    ``_set_sub_optimizer_grads`` copies each GPU grad into a pinned CPU
+    tensor)."""
+    keep = self.exe.optimizer_offload_gradients == _GRADS_ON_DEVICE
+    if not np.any(keep):
+      return False
+    return np.asarray(self.exe.optimizer_offload, dtype=bool) & keep
+
+  @cached_property
+  def _grads_offloaded(self):
+    """True where the weight gradients leave tier 1 with the optimizer
+    state (``optimizer_offload`` with ``optimizer_offload_gradients``
+    'host', Calculon's; see :attr:`_grads_kept`)."""
+    oo = self.exe.optimizer_offload
+    if not np.any(self._grads_kept):
+      return oo
+    return np.asarray(oo, dtype=bool) & ~self._grads_kept
 
   @cached_property
   def _act_fit(self):
