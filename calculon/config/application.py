@@ -265,8 +265,11 @@ class Application:
     is MoE when i % k == 0, counted from the first block)."""
     if not self.is_moe:
       return 0
-    return sum(1 for i in range(self.first_dense_blocks, self.num_blocks)
-               if i % self.moe_layer_freq == 0)
+    # Multiples of k in [first, L): ceil(L / k) - ceil(first / k), a
+    # closed form (a loop over the blocks is unbounded in L).
+    k = self.moe_layer_freq
+    first = min(self.first_dense_blocks, self.num_blocks)
+    return -(-self.num_blocks // k) - -(-first // k)
 
   @property
   def num_dense_blocks(self):
