@@ -17,7 +17,6 @@ from calculon.config._record import frozen_record
 from calculon.config._schema import Reader, Spec, show
 from calculon.errors import ConfigError
 
-_POSITIVE_INT = Spec('int', lo=1)
 
 # Vocabulary size used by the reference's parameter count for the embedding
 # table (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training
@@ -32,6 +31,9 @@ from calculon.config.registry import (  # noqa: F401 -- re-exported
 #: (:data:`calculon.config.registry.APPLICATION`).  Defaults mean Calculon.
 OPTIONAL = OrderedDict((f.name, (f.spec, f.absent))
                        for f in _registry.APPLICATION if not f.calculon)
+
+#: Every name an application file may carry (for the did-you-mean).
+KNOWN = tuple(_registry.FIELDS['application']) + Reader.META_FIELDS
 
 MOE_FIELDS = ('top_k', 'moe_ffn_hidden', 'shared_experts',
               'shared_expert_ffn_hidden', 'first_dense_blocks',
@@ -123,8 +125,12 @@ class Application:
     Raises:
       ConfigError: see the class docstring.
     """
-    reader = Reader(cfg, source)
-    values = {name: reader.get(name, _POSITIVE_INT) for name in cls.FIELDS}
+    reader = Reader(cfg, source, known=KNOWN)
+    reader.unknown()
+    specs = {name: _registry.field('application', name).spec
+             for name in cls.FIELDS}
+    reader.require(specs)
+    values = {name: reader.get(name, specs[name]) for name in cls.FIELDS}
     for name, (spec, default) in OPTIONAL.items():
       if name in cfg:
         values[name] = reader.get(name, spec)

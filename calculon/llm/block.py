@@ -250,7 +250,9 @@ def build_block(app, exe, ctx, moe=False):
                                              shape.kv_local),
         recompute=full | alt)
   heads_local = mbs * heads // tp
-  scores = heads // tp * s_q * s_k * mbs
+  # In float64: heads x s^2 elements exceed int64 at the registry's bounds
+  # (exact below 2^53).
+  scores = np.float64(heads // tp) * s_q * s_k * mbs
   add(BatchMatMul, 'AttnBlock_Multihead_Key_Query', heads_local, s_q,
       head_size, s_k, recompute=attn_re, output_stored=~attn_re,
       present=standard, core=True)
