@@ -53,7 +53,8 @@ def _trains_over_dp(v):
   return bool(v['training']) and _dp_cp(v) > 1
 
 
-#: Calculon field (or ``data_par_sharding``) -> (its value when left out,
+#: Calculon field (or ``data_par_sharding``, ``attention_kernel``) -> (its
+#: value when left out,
 #: a constant or a function of the fields read, why).  Ordered: a function
 #: reads only the fields before it (and the layout).
 DEFAULTS = {
@@ -86,6 +87,9 @@ DEFAULTS = {
                         'with DP x CP > 1 (Megatron-Core '
                         'use_distributed_optimizer); optimizer_sharding '
                         'follows it'),
+  'attention_kernel': ('flash', 'FlashAttention, what every framework '
+                       'since 2022 runs (Dao et al. 2022); a preset that '
+                       'runs the standard kernel dictates it'),
   'weight_offload': (False, 'no offload'),
   'activations_offload': (False, 'no offload'),
   'optimizer_offload': (False, 'no offload'),

@@ -891,6 +891,8 @@ _PROCS = (2**24, '16,777,216 processors: 80x the largest cluster reported '
           '(200,000 GPUs, 2025)')
 _BATCH = (2**30, '1,073,741,824 samples: a batch of 2^30 x 16 M tokens is '
           'still a finite count')
+_TIERS = (2**10, '1,024 network tiers: a system has a few (the index must '
+          'also name one of its tiers)')
 BOUNDS = {
   ('application', 'hidden'): _WIDTH,
   ('application', 'feedforward'): _FF,
@@ -931,6 +933,9 @@ BOUNDS = {
                                      'layer (2 x 4 M) is 2^59 elements, '
                                      'an int64 count'),
   ('execution', 'pipeline_interleaving'): _BLOCKS,
+  **{('execution', f'{d}_par_net'): _TIERS for d in (
+    'tensor', 'pipeline', 'data', 'context', 'expert')},
+  ('system', 'networks[].size'): _PROCS,
 }
 
 
@@ -950,6 +955,7 @@ def _bounded(fields):
 
 APPLICATION = _bounded(APPLICATION)
 EXECUTION = _bounded(EXECUTION)
+SYSTEM = _bounded(SYSTEM)
 
 #: kind -> {name: Field}, in file order.
 FIELDS = {

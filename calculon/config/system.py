@@ -162,7 +162,8 @@ class NetworkConfig:
     sub = Reader(obj, source, path)
     bw = sub.get('bandwidth', Spec('number', lo=0, lo_open=True)) * 1e9
     eff = sub.get('efficiency', Spec('number', lo=0, lo_open=True, hi=1))
-    size = sub.get('size', Spec('int', lo=0))
+    from calculon.config.registry import field
+    size = sub.get('size', field('system', 'networks[].size').spec)
     latency = sub.get('latency', Spec('number', lo=0))
     ops_obj = sub.get('ops', Spec('dict'))
     ops_reader = Reader(ops_obj, source, sub.field_path('ops'))
