@@ -102,12 +102,16 @@ def test_all_missing_fields_in_one_message():
   cfg = {k: v for k, v in EXE.items()
          if k not in ('tensor_par_net', 'fused_activation', 'training')}
   msg = message(Execution.from_dict, cfg, 'exe.json')
-  assert msg == ("exe.json: missing fields 'tensor_par_net' (an integer >= "
-                 "0), 'fused_activation' (true or false), 'training' (true "
-                 'or false)'), msg
+  assert msg == ("exe.json: missing field 'tensor_par_net' (an integer >= "
+                 "0 and <= 1024); also missing: 'fused_activation' (true or "
+                 "false), 'training' (true or false)"), msg
+  # The wrong file (an execution read as an application): what is
+  # missing, not a did-you-mean for its fields.
+  msg = message(Application.from_dict, EXE, 'app.json')
+  assert msg.startswith("app.json: missing field 'hidden' ("), msg
   bad = {k: v for k, v in APP.items() if k not in ('hidden', 'num_blocks')}
   msg = message(Application.from_dict, bad, 'app.json')
-  assert "missing fields 'hidden'" in msg and "'num_blocks'" in msg, msg
+  assert "missing field 'hidden'" in msg and "'num_blocks'" in msg, msg
 
 
 def test_application_errors():

@@ -117,7 +117,7 @@ class Reader:
   def __init__(self, obj, source, path='', known=()):
     self.source = source
     self.path = path
-    self.known = tuple(known)
+    self.known_names = tuple(known)
     if not isinstance(obj, dict):
       raise ConfigError(
         f'{source}: {self._where()} must be a JSON object, got {show(obj)}',
@@ -187,32 +187,61 @@ class Reader:
     naming all the missing ones in one message.
 
     Raises:
-      ConfigError: some are missing (one: ``missing field 'X' (what it
-        accepts)``; several: ``missing fields 'X' (...), 'Y' (...)``).
+      ConfigError: some are missing (``missing field 'X' (what it
+        accepts)``, then ``; also missing: 'Y' (...), 'Z' (...)``).
     """
     missing = [n for n in specs if n not in self.obj]
     if not missing:
       return
-    if len(missing) == 1:
-      name = missing[0]
-      text = f"missing field '{self._where(name)}' ({specs[name].describe()})"
-    else:
-      text = 'missing fields ' + ', '.join(
-        f"'{self._where(n)}' ({specs[n].describe()})" for n in missing)
+    first = missing[0]
+    text = f"missing field '{self._where(first)}' ({specs[first].describe()})"
+    if len(missing) > 1:
+      text += '; also missing: ' + ', '.join(
+        f"'{self._where(n)}' ({specs[n].describe()})" for n in missing[1:])
     raise ConfigError(f'{self.source}: {text}', source=self.source,
                       field=self._where(missing[0]),
                       allowed=specs[missing[0]].describe())
 
+  def check_names(self, specs):
+    """Checks the object's field names before reading its values: a typo
+    of a required field (an unknown name close to a missing one) is named
+    as the typo; then every missing field of ``specs`` ({name: Spec}), in
+    one message; then an unknown field, with a did-you-mean over the
+    reader's ``known`` names.
+
+    Raises:
+      ConfigError: see :meth:`unknown` and :meth:`require`.
+    """
+    missing = [n for n in specs if n not in self.obj]
+    # More than half the required fields missing: the wrong kind of file,
+    # answered with what is missing rather than a did-you-mean.
+    if missing and 2 * len(missing) > len(specs):
+      self.require(specs)
+    if missing:
+      names = set(self._used) | set(self.known_names)
+      for name in self.obj:
+        close = difflib.get_close_matches(str(name), missing, n=1,
+                                          cutoff=0.6)
+        if name not in names and close:
+          raise ConfigError(
+            f"{self.source}: unknown field '{self._where(name)}' "
+            f"(did you mean '{self._where(close[0])}'?)",
+            source=self.source, field=self._where(name),
+            value=self.obj[name], allowed=close[0])
+      self.require(specs)
+    self.unknown()
+
   def unknown(self, known=None):
     """Rejects a field outside ``known`` (default: the reader's ``known``)
-    and the fields read so far, suggesting the
-    closest known name (:func:`difflib.get_close_matches`).
+    and the fields read so far, suggesting the closest known name
+    (:func:`difflib.get_close_matches`).
 
     Raises:
       ConfigError: ``unknown field 'X' (did you mean 'Y'?)``, or with the
         allowed fields when none is close.
     """
-    names = set(self._used) | set(self.known if known is None else known)
+    names = set(self._used) | set(
+      self.known_names if known is None else known)
     unknown = [k for k in self.obj if k not in names]
     if not unknown:
       return

@@ -126,10 +126,9 @@ class Application:
       ConfigError: see the class docstring.
     """
     reader = Reader(cfg, source, known=KNOWN)
-    reader.unknown()
     specs = {name: _registry.field('application', name).spec
              for name in cls.FIELDS}
-    reader.require(specs)
+    reader.check_names(specs)
     values = {name: reader.get(name, specs[name]) for name in cls.FIELDS}
     for name, (spec, default) in OPTIONAL.items():
       if name in cfg:

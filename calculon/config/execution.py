@@ -177,14 +177,13 @@ class Execution:
         contradict each other (see :data:`RULES`).
     """
     reader = Reader(cfg, source, known=KNOWN)
-    reader.unknown()
-    modern = 'framework' in cfg
+    modern = isinstance(cfg, dict) and 'framework' in cfg
     if modern:
       from calculon.config import fill
       required = fill.LAYOUT
     else:
       required = tuple(n for n in FIELD_SPECS if n not in RELAXED)
-    reader.require({n: FIELD_SPECS[n][0] for n in required})
+    reader.check_names({n: FIELD_SPECS[n][0] for n in required})
     values = {}
     for name, (spec, _) in FIELD_SPECS.items():
       if name in cfg:

@@ -66,7 +66,7 @@ DEFAULTS = {
   'fused_activation': (True, 'Megatron-Core bias_activation_fusion '
                        '(fused_bias_swiglu.py, fused_bias_gelu.py) and '
                        "torch.compile fuse it; what it keeps is the "
-                       "preset's fused_activation_keeps_input"),
+                       "preset's behaviour for what the fused kernel keeps"),
   'activation_recompute': ('none', 'no recomputation (Megatron-Core '
                            'recompute_granularity None)'),
   'pipeline_interleaving': (1, 'no interleaved schedule (Megatron-Core '
