@@ -200,3 +200,12 @@ def test_llm_execution_positional_values():
   values = [EXE[k] for k in Llm.Execution.fields()]
   assert Llm.Execution(*values).get_json() == EXE
   assert 'takes 23 values' in message(Llm.Execution, *values[:5])
+
+
+def test_system_typo_gets_a_did_you_mean():
+  # memory_reserve is optional and absent from the file: the suggestion
+  # comes from the registry's system fields.
+  cfg = dict(SYS, memory_reserv={})
+  assert message(System, cfg, 'sys.json') == (
+    "sys.json: unknown field 'memory_reserv' (did you mean "
+    "'memory_reserve'?)")

@@ -73,20 +73,21 @@ DEFAULTS = {
                             'virtual_pipeline_model_parallel_size None)'),
   'tensor_par_comm_type': (lambda v: 'rs_ag' if v['tensor_par'] > 1
                            else 'ar',
-                           'sequence parallelism with TP > 1 (Megatron-Core '
-                           'recipes sequence_parallel = True)'),
+                           '"rs_ag" with TP > 1, else "ar": sequence '
+                           'parallelism (Megatron-Core recipes '
+                           'sequence_parallel = True)'),
   'tensor_par_overlap': ('none', 'no tiled TP overlap (Megatron-Core '
                          'tp_comm_overlap False)'),
   'seq_par_ag_redo': (False, 'every modern preset dictates it'),
-  'data_par_overlap': (_trains_over_dp, 'overlapped gradient reduce when '
-                       'training with DP x CP > 1 (Megatron-Core '
-                       'overlap_grad_reduce)'),
+  'data_par_overlap': (_trains_over_dp, 'true when training with DP x CP '
+                       '> 1, else false: overlapped gradient reduce '
+                       '(Megatron-Core overlap_grad_reduce)'),
   'data_par_sharding': (lambda v: 'optimizer' if _trains_over_dp(v)
                         else 'none',
-                        "the distributed optimizer (ZeRO-1) when training "
-                        'with DP x CP > 1 (Megatron-Core '
-                        'use_distributed_optimizer); optimizer_sharding '
-                        'follows it'),
+                        '"optimizer" when training with DP x CP > 1, else '
+                        '"none": the distributed optimizer (ZeRO-1, '
+                        'Megatron-Core use_distributed_optimizer); '
+                        'optimizer_sharding follows it'),
   'attention_kernel': ('flash', 'FlashAttention, what every framework '
                        'since 2022 runs (Dao et al. 2022); a preset that '
                        'runs the standard kernel dictates it'),

@@ -363,7 +363,10 @@ class SystemConfig:
       ConfigError: any field missing, unknown, or out of range; a datatype
         given for only one of matrix/vector.
     """
-    reader = Reader(cfg, source)
+    from calculon.config.registry import FIELDS
+    top = {n.split('.')[0].split('[')[0] for n in FIELDS['system']}
+    reader = Reader(cfg, source, known=tuple(top) + WHOLE_RUN_SECTIONS +
+                    Reader.META_FIELDS)
     reader.meta()
     matrix = ProcessorConfig.read(reader, 'matrix')
     vector = ProcessorConfig.read(reader, 'vector')
