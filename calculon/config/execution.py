@@ -140,6 +140,12 @@ def sharding_code(optimizer_sharding, data_par_sharding):
                   data_par_sharding)
 
 
+def required_calculon():
+  """Calculon's fields a Calculon file must write (all 23 but
+  :data:`RELAXED`)."""
+  return tuple(n for n in FIELD_SPECS if n not in RELAXED)
+
+
 class Execution:
   """One execution strategy, as in Calculon's execution JSON.
 
@@ -167,8 +173,10 @@ class Execution:
 
     A Calculon file (no ``framework``) writes Calculon's 23 fields
     (:data:`RELAXED` aside); an execution naming a ``framework`` needs only
-    its layout (:data:`calculon.config.fill.LAYOUT`), the rest filled as
-    :mod:`calculon.config.fill` says (``filled`` names those fields).
+    its layout (:data:`calculon.config.fill.LAYOUT`): when it leaves out
+    any other of Calculon's fields, the fields it leaves out are filled as
+    :mod:`calculon.config.fill` says (``filled`` names them); one that
+    writes them all means what it meant before.
 
     Raises:
       ConfigError: a field is unknown (with a did-you-mean over the
@@ -182,7 +190,7 @@ class Execution:
       from calculon.config import fill
       required = fill.LAYOUT
     else:
-      required = tuple(n for n in FIELD_SPECS if n not in RELAXED)
+      required = required_calculon()
     reader.check_names({n: FIELD_SPECS[n][0] for n in required})
     values = {}
     for name, (spec, _) in FIELD_SPECS.items():
@@ -195,6 +203,7 @@ class Execution:
     filled = ()
     if modern:
       values['framework'] = reader.get('framework', _FRAMEWORK_SPEC)
+    if modern and not all(n in cfg for n in required_calculon()):
       extra = fill.defaults_for(values, cfg)
       values.update(extra)
       filled = tuple(extra) + tuple(

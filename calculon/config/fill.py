@@ -24,7 +24,10 @@ Calculon's 23 is, in this order of precedence:
    (:mod:`calculon.validation.mapping`), placed once the system is known
    (:func:`place_networks`).
 
-A Calculon file (no ``framework``) still writes all 23 of Calculon's
+An execution naming a framework that writes all 23 of Calculon's fields
+is read as before (a field beyond them left out means its absent value,
+the network tiers of CP and EP tier 0).  A Calculon file (no
+``framework``) still writes all 23 of Calculon's
 fields (``attention_type`` and ``optimizer_sharding`` may be left out when
 the application's ``kv_heads`` / the execution's ``data_par_sharding``
 say): its meaning is Calculon's.
