@@ -58,6 +58,7 @@ def resolved(record, app=None):
     exe, _ = resolve_execution(app, exe, source='<snapshot>')
   out = dataclasses.asdict(exe)
   out.pop('written', None)
+  out.pop('filled', None)
   out.pop('framework', None)
   return out
 

@@ -27,7 +27,14 @@ _TITLES = {
                 '23 fields are required (`attention_type` and '
                 '`optimizer_sharding` may be left out when the '
                 'application\'s `kv_heads` / `data_par_sharding` say); '
-                'every other field is optional.  A field left out takes '
+                'every other field is optional.  An execution that names '
+                'a `framework` needs only its layout (`num_procs`, '
+                '`tensor_par`, `pipeline_par`, `data_par`, the other '
+                'degrees it uses, `batch_size`, `microbatch_size`, '
+                '`datatype`): every other Calculon field left out takes '
+                'what its preset dictates, else the "with a framework" '
+                'value below (calculon/config/fill.py), else the first '
+                'value its preset supports.  A field left out takes '
                 'the value the execution\'s framework preset gives it '
                 '(`framework`, see [frameworks.md](frameworks.md)), else '
                 'its absent value below: a field written in the execution '
@@ -61,6 +68,26 @@ def _allowed(f):
   text = f.allowed()
   if f.unit:
     text += f' ({f.unit})'
+  if f.bound:
+    text += f'; bound: {f.bound}'
+  return text
+
+
+def _left_out(f):
+  """The "left out" cell: the registry's absent meaning; for an execution
+  field, what leaving it out means in an execution naming a framework
+  (:mod:`calculon.config.fill`)."""
+  from calculon.config import fill
+  text = 'required' if f.required else (f.absent_doc or repr(f.absent))
+  if f.kind != 'execution':
+    return text
+  if f.name in fill.LAYOUT:
+    return text + ' (with a framework too)'
+  if f.name in fill.NETWORK_FIELDS:
+    return text + ('; with a framework: the fastest tier that holds the '
+                   'ranks it spans')
+  if f.name in fill.DEFAULTS:
+    return text + '; with a framework: ' + fill.default_text(f.name)
   return text
 
 
@@ -83,8 +110,7 @@ def field_page(kind):
       if f.behaviour:
         marks.append('behaviour')
       label = f'`{f.name}`' + (f" ({', '.join(marks)})" if marks else '')
-      absent = 'required' if f.required else (f.absent_doc or
-                                               repr(f.absent))
+      absent = _left_out(f)
       lines.append(f'| {label} | {_cell(_allowed(f))} | {_cell(absent)} | '
                    f'{_cell(f.doc)} | {_cell(f.source)} |')
     lines.append('')

@@ -79,7 +79,39 @@ def test_execution_rules(changes, fragments):
 def test_missing_and_unknown_fields():
   check_exe({}, "missing field 'batch_size'", 'integer >= 1', drop='batch_size')
   check_exe({'pipeline_parallel': 2}, "unknown field 'pipeline_parallel'",
-            'allowed fields')
+            "did you mean 'pipeline_par'?")
+  check_exe({'zzz': 2}, "unknown field 'zzz'", 'allowed fields', 'tensor_par')
+
+
+def test_did_you_mean_over_the_whole_registry():
+  # attention_kernel is an optional field the file does not carry: the
+  # suggestion comes from the registry, not from the fields read.
+  check_exe({'attention_kernal': 'flash'},
+            "unknown field 'attention_kernal' (did you mean "
+            "'attention_kernel'?)")
+  # A typo of a required field is reported as the typo, not as missing.
+  msg = check_exe({'tensor_parr': 4}, "unknown field 'tensor_parr' (did you "
+                  "mean 'tensor_par'?)", drop='tensor_par')
+  assert 'missing' not in msg
+  bad = dict(APP, num_experst=8)
+  assert "unknown field 'num_experst' (did you mean 'num_experts'?)" in \
+    message(Application.from_dict, bad, 'app.json')
+
+
+def test_all_missing_fields_in_one_message():
+  cfg = {k: v for k, v in EXE.items()
+         if k not in ('tensor_par_net', 'fused_activation', 'training')}
+  msg = message(Execution.from_dict, cfg, 'exe.json')
+  assert msg == ("exe.json: missing field 'tensor_par_net' (an integer >= "
+                 "0 and <= 1024); also missing: 'fused_activation' (true or "
+                 "false), 'training' (true or false)"), msg
+  # The wrong file (an execution read as an application): what is
+  # missing, not a did-you-mean for its fields.
+  msg = message(Application.from_dict, EXE, 'app.json')
+  assert msg.startswith("app.json: missing field 'hidden' ("), msg
+  bad = {k: v for k, v in APP.items() if k not in ('hidden', 'num_blocks')}
+  msg = message(Application.from_dict, bad, 'app.json')
+  assert "missing field 'hidden'" in msg and "'num_blocks'" in msg, msg
 
 
 def test_application_errors():
@@ -168,3 +200,12 @@ def test_llm_execution_positional_values():
   values = [EXE[k] for k in Llm.Execution.fields()]
   assert Llm.Execution(*values).get_json() == EXE
   assert 'takes 23 values' in message(Llm.Execution, *values[:5])
+
+
+def test_system_typo_gets_a_did_you_mean():
+  # memory_reserve is optional and absent from the file: the suggestion
+  # comes from the registry's system fields.
+  cfg = dict(SYS, memory_reserv={})
+  assert message(System, cfg, 'sys.json') == (
+    "sys.json: unknown field 'memory_reserv' (did you mean "
+    "'memory_reserve'?)")

@@ -149,7 +149,7 @@ def test_expert_overlap_needs_interleaving_and_no_full_recompute():
   for name in ('megatron-core-2025', 'megatron-core-2024'):
     with pytest.raises(ConfigError, match="'moe_comm_overlap' = \"compute\" "
                        "is not allowed with framework '" + name +
-                       "': it supports none, shared_experts .*core_r0.14.0"):
+                       "': it supports \"none\", \"shared_experts\" .*core_r0.14.0"):
       resolve_execution(app, Execution.from_dict(dict(moe, framework=name)))
   with pytest.raises(ConfigError, match='without full recomputation'):
     resolve_execution(app, Execution.from_dict(dict(

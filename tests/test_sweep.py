@@ -179,7 +179,7 @@ datatypes: [float16, float8]
 BAD_SPECS = [
   # (spec text, fragments of the message)
   ('num_procs: [8]\n', ["missing field 'applications'"]),
-  ('{base}num_proc: [8]\n', ["unknown field 'num_proc'", 'allowed fields',
+  ('{base}num_proc: [8]\n', ["unknown field 'num_proc'", 'did you mean',
                              'num_procs']),
   ('{base}num_procs: [8, 0]\n', ["'num_procs[1]'", '= 0',
                                  'an integer >= 1']),

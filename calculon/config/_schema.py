@@ -6,6 +6,7 @@ value, and what is allowed.  Nothing here raises anything but
 :class:`~calculon.errors.ConfigError`.
 """
 
+import difflib
 import json
 import math
 import numbers
@@ -105,14 +106,18 @@ class Reader:
     obj: the decoded JSON object.
     source: file name or label, first word of every message.
     path: dotted path of this object inside the file ('' for the top).
+    known: every field name this object may carry (the field registry's),
+      beyond those read: an unknown field is matched against them for a
+      did-you-mean.
 
   Raises:
     ConfigError: when ``obj`` is not an object.
   """
 
-  def __init__(self, obj, source, path=''):
+  def __init__(self, obj, source, path='', known=()):
     self.source = source
     self.path = path
+    self.known_names = tuple(known)
     if not isinstance(obj, dict):
       raise ConfigError(
         f'{source}: {self._where()} must be a JSON object, got {show(obj)}',
@@ -177,17 +182,88 @@ class Reader:
       out[name] = value
     return out
 
+  def require(self, specs):
+    """Checks that every field of ``specs`` ({name: Spec}) is present,
+    naming all the missing ones in one message.
+
+    Raises:
+      ConfigError: some are missing (``missing field 'X' (what it
+        accepts)``, then ``; also missing: 'Y' (...), 'Z' (...)``).
+    """
+    missing = [n for n in specs if n not in self.obj]
+    if not missing:
+      return
+    first = missing[0]
+    text = f"missing field '{self._where(first)}' ({specs[first].describe()})"
+    if len(missing) > 1:
+      text += '; also missing: ' + ', '.join(
+        f"'{self._where(n)}' ({specs[n].describe()})" for n in missing[1:])
+    raise ConfigError(f'{self.source}: {text}', source=self.source,
+                      field=self._where(missing[0]),
+                      allowed=specs[missing[0]].describe())
+
+  def check_names(self, specs):
+    """Checks the object's field names before reading its values: a typo
+    of a required field (an unknown name close to a missing one) is named
+    as the typo; then every missing field of ``specs`` ({name: Spec}), in
+    one message; then an unknown field, with a did-you-mean over the
+    reader's ``known`` names.
+
+    Raises:
+      ConfigError: see :meth:`unknown` and :meth:`require`.
+    """
+    missing = [n for n in specs if n not in self.obj]
+    # More than half the required fields missing: the wrong kind of file,
+    # answered with what is missing rather than a did-you-mean.
+    if missing and 2 * len(missing) > len(specs):
+      self.require(specs)
+    if missing:
+      names = set(self._used) | set(self.known_names)
+      for name in self.obj:
+        close = difflib.get_close_matches(str(name), missing, n=1,
+                                          cutoff=0.6)
+        if name not in names and close:
+          raise ConfigError(
+            f"{self.source}: unknown field '{self._where(name)}' "
+            f"(did you mean '{self._where(close[0])}'?)",
+            source=self.source, field=self._where(name),
+            value=self.obj[name], allowed=close[0])
+      self.require(specs)
+    self.unknown()
+
+  def unknown(self, known=None):
+    """Rejects a field outside ``known`` (default: the reader's ``known``)
+    and the fields read so far, suggesting the closest known name
+    (:func:`difflib.get_close_matches`).
+
+    Raises:
+      ConfigError: ``unknown field 'X' (did you mean 'Y'?)``, or with the
+        allowed fields when none is close.
+    """
+    names = set(self._used) | set(
+      self.known_names if known is None else known)
+    unknown = [k for k in self.obj if k not in names]
+    if not unknown:
+      return
+    name = unknown[0]
+    close = difflib.get_close_matches(str(name), sorted(names), n=1,
+                                      cutoff=0.6)
+    if close:
+      hint = f"did you mean '{self._where(close[0])}'?"
+      allowed = close[0]
+    else:
+      allowed = ', '.join(sorted(names))
+      hint = f'allowed fields: {allowed}'
+    raise ConfigError(
+      f"{self.source}: unknown field '{self._where(name)}' ({hint})",
+      source=self.source, field=self._where(name), value=self.obj[name],
+      allowed=allowed)
+
   def finish(self):
-    """Rejects fields that were never read (typos, unsupported options).
+    """Rejects fields that were never read (typos, unsupported options),
+    with a did-you-mean over the known and the read fields.
 
     Raises:
       ConfigError: an unknown field is present.
     """
-    unknown = [k for k in self.obj if k not in self._used]
-    if unknown:
-      allowed = ', '.join(sorted(self._used))
-      raise ConfigError(
-        f"{self.source}: unknown field '{self._where(unknown[0])}' "
-        f'(allowed fields: {allowed})',
-        source=self.source, field=self._where(unknown[0]),
-        value=self.obj[unknown[0]], allowed=allowed)
+    self.unknown()

@@ -17,7 +17,6 @@ from calculon.config._record import frozen_record
 from calculon.config._schema import Reader, Spec, show
 from calculon.errors import ConfigError
 
-_POSITIVE_INT = Spec('int', lo=1)
 
 # Vocabulary size used by the reference's parameter count for the embedding
 # table (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training
@@ -32,6 +31,9 @@ from calculon.config.registry import (  # noqa: F401 -- re-exported
 #: (:data:`calculon.config.registry.APPLICATION`).  Defaults mean Calculon.
 OPTIONAL = OrderedDict((f.name, (f.spec, f.absent))
                        for f in _registry.APPLICATION if not f.calculon)
+
+#: Every name an application file may carry (for the did-you-mean).
+KNOWN = tuple(_registry.FIELDS['application']) + Reader.META_FIELDS
 
 MOE_FIELDS = ('top_k', 'moe_ffn_hidden', 'shared_experts',
               'shared_expert_ffn_hidden', 'first_dense_blocks',
@@ -123,8 +125,11 @@ class Application:
     Raises:
       ConfigError: see the class docstring.
     """
-    reader = Reader(cfg, source)
-    values = {name: reader.get(name, _POSITIVE_INT) for name in cls.FIELDS}
+    reader = Reader(cfg, source, known=KNOWN)
+    specs = {name: _registry.field('application', name).spec
+             for name in cls.FIELDS}
+    reader.check_names(specs)
+    values = {name: reader.get(name, specs[name]) for name in cls.FIELDS}
     for name, (spec, default) in OPTIONAL.items():
       if name in cfg:
         values[name] = reader.get(name, spec)
@@ -265,8 +270,11 @@ class Application:
     is MoE when i % k == 0, counted from the first block)."""
     if not self.is_moe:
       return 0
-    return sum(1 for i in range(self.first_dense_blocks, self.num_blocks)
-               if i % self.moe_layer_freq == 0)
+    # Multiples of k in [first, L): ceil(L / k) - ceil(first / k), a
+    # closed form (a loop over the blocks is unbounded in L).
+    k = self.moe_layer_freq
+    first = min(self.first_dense_blocks, self.num_blocks)
+    return -(-self.num_blocks // k) - -(-first // k)
 
   @property
   def num_dense_blocks(self):

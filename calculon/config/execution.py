@@ -121,6 +121,8 @@ OPTIONAL_SPECS = {f.name: (f.spec, f.names, f.absent)
 RELAXED = ('attention_type', 'optimizer_sharding')
 _FRAMEWORK_SPEC = _registry.field('execution', 'framework').spec
 ALL_FIELDS = FIELDS + tuple(OPTIONAL_SPECS)
+#: Every name an execution file may carry (for the did-you-mean).
+KNOWN = tuple(_registry.FIELDS['execution']) + Reader.META_FIELDS
 
 
 def sharding_code(optimizer_sharding, data_par_sharding):
@@ -139,6 +141,12 @@ def sharding_code(optimizer_sharding, data_par_sharding):
                   data_par_sharding)
 
 
+def required_calculon():
+  """Calculon's fields a Calculon file must write (all 23 but
+  :data:`RELAXED`)."""
+  return tuple(n for n in FIELD_SPECS if n not in RELAXED)
+
+
 class Execution:
   """One execution strategy, as in Calculon's execution JSON.
 
@@ -151,7 +159,11 @@ class Execution:
 
   ``framework`` names the framework preset (``frameworks/NAME.json``) whose
   behaviours fill the fields the execution leaves out; ``written`` holds
-  the names of the fields the JSON gave (they win over the preset).  The
+  the names of the fields the JSON gave (they win over the preset);
+  ``filled`` those an execution naming a framework left out that
+  :mod:`calculon.config.fill` filled (a preset's value, or its first
+  supported one, replaces them; the network tiers are placed from the
+  system).  The
   preset is applied where the execution meets its application
   (:func:`calculon.frameworks.resolve_execution`); until then the fields
   left out hold their "absent" value.
@@ -160,27 +172,50 @@ class Execution:
   def from_dict(cls, cfg, source='<execution>'):
     """Reads and validates one execution.
 
+    A Calculon file (no ``framework``) writes Calculon's 23 fields
+    (:data:`RELAXED` aside); an execution naming a ``framework`` needs only
+    its layout (:data:`calculon.config.fill.LAYOUT`): when it leaves out
+    any other of Calculon's fields, the fields it leaves out are filled as
+    :mod:`calculon.config.fill` says (``filled`` names them); one that
+    writes them all means what it meant before.
+
     Raises:
-      ConfigError: a field is missing, unknown, of the wrong type or out of
-        range, or the fields contradict each other (see :data:`RULES`).
+      ConfigError: a field is unknown (with a did-you-mean over the
+        registry's execution fields), missing (all of them, in one
+        message), of the wrong type or out of range, or the fields
+        contradict each other (see :data:`RULES`).
     """
-    reader = Reader(cfg, source)
+    reader = Reader(cfg, source, known=KNOWN)
+    modern = isinstance(cfg, dict) and 'framework' in cfg
+    if modern:
+      from calculon.config import fill
+      required = fill.LAYOUT
+    else:
+      required = required_calculon()
+    reader.check_names({n: FIELD_SPECS[n][0] for n in required})
     values = {}
     for name, (spec, _) in FIELD_SPECS.items():
-      if name in RELAXED and isinstance(cfg, dict) and name not in cfg:
+      if name in cfg:
+        values[name] = reader.get(name, spec)
+      elif name in RELAXED:
         values[name] = None
-        continue
-      values[name] = reader.get(name, spec)
     for name, (spec, _, default) in OPTIONAL_SPECS.items():
       values[name] = reader.get(name, spec) if name in cfg else default
+    filled = ()
+    if modern:
+      values['framework'] = reader.get('framework', _FRAMEWORK_SPEC)
+    if modern and not all(n in cfg for n in required_calculon()):
+      extra = fill.defaults_for(values, cfg)
+      values.update(extra)
+      filled = tuple(extra) + tuple(
+        n for n in fill.NETWORK_FIELDS if n not in cfg)
     values['recompute_modules'] = recompute_modules_label(
       values['recompute_modules'], source)
-    if 'framework' in cfg:
-      values['framework'] = reader.get('framework', _FRAMEWORK_SPEC)
     reader.meta()
     reader.finish()
     values['written'] = frozenset(
       k for k in cfg if k in FIELD_SPECS or k in OPTIONAL_SPECS)
+    values['filled'] = frozenset(filled)
     if values['optimizer_sharding'] is None and \
         values['data_par_sharding'] is None:
       reader.get('optimizer_sharding', FIELD_SPECS['optimizer_sharding'][0])
@@ -230,7 +265,7 @@ def _with_fields(cls):
   """``cls`` as a frozen record whose fields are the registry's execution
   fields (:data:`calculon.config.registry.EXECUTION`): Calculon's 23
   required, the others defaulting to their absent value; then
-  ``written``."""
+  ``written`` and ``filled``."""
   kinds = {'int': int, 'bool': bool, 'str': str, 'number': float}
   notes = {}
   for f in _registry.EXECUTION:
@@ -242,6 +277,9 @@ def _with_fields(cls):
   notes['written'] = frozenset
   cls.written = dataclasses.field(default=frozenset(), compare=False,
                                   repr=False)
+  notes['filled'] = frozenset
+  cls.filled = dataclasses.field(default=frozenset(), compare=False,
+                                 repr=False)
   cls.__annotations__ = notes
   return frozen_record(cls)
 

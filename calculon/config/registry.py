@@ -143,11 +143,13 @@ class Field:
     requires: (field, values, why): a value other than the absent one is
       allowed only where execution field ``field`` takes one of ``values``
       (the rule :mod:`calculon.config.execution` checks), or None.
+    bound: why the spec's upper bound (:data:`BOUNDS`) is what it is, or
+      ''.
   """
 
   __slots__ = ('name', 'kind', 'spec', 'names', 'absent', 'absent_doc',
                'group', 'doc', 'source', 'calculon', 'behaviour', 'unit',
-               'requires')
+               'requires', 'bound')
 
   def __init__(self, name, kind, spec, group, doc, *, names=None,
                absent=REQUIRED, absent_doc='', source='', calculon=False,
@@ -157,6 +159,7 @@ class Field:
     self.group, self.doc, self.source = group, doc, source
     self.calculon, self.behaviour, self.unit = calculon, behaviour, unit
     self.requires = requires
+    self.bound = ''
 
   @property
   def required(self):
@@ -962,6 +965,95 @@ SYSTEM = (
        source='nccl-tests (AIConfigurator collector/network/'
        'collect_nccl.py)'),
 )
+
+#: Upper bounds of the counts: (kind, field) -> (largest value, why).
+#: Each is far above any model or cluster that exists, and keeps the
+#: engine's integer counts (parameters, tokens, activations: products of a
+#: few of these) finite; counts that can still exceed int64 at the bounds
+#: (attention scores and FLOPs, s^2 terms) are computed in float64.
+_BLOCKS = (2**20, '1,048,576 blocks: 4,000x the deepest published model '
+           '(Megatron 1T: 128; DeepSeek-V3: 61)')
+_WIDTH = (2**20, '1,048,576: 40x the widest published model (Megatron 1T '
+          'h = 25,600)')
+_FF = (2**22, '4,194,304: 40x the widest published MLP (PaLM 540B: 73,728 '
+       'per gate)')
+_HEADS = (2**12, '4,096 heads: 25x the most published (Megatron 1T: 160; '
+          'DeepSeek-V3: 128)')
+_HEAD = (2**12, '4,096 elements per head: 16x the widest published (MLA '
+         'DeepSeek-V3: 192 + 64)')
+_SEQ = (2**24, '16,777,216 tokens: above the longest published context '
+        '(Llama 4 Scout: 10 M)')
+_EXPERTS = (2**16, '65,536 experts: 100x the most published routed experts '
+            '(Kimi K2: 384)')
+_PROCS = (2**24, '16,777,216 processors: 80x the largest cluster reported '
+          '(200,000 GPUs, 2025)')
+_BATCH = (2**30, '1,073,741,824 samples: a batch of 2^30 x 16 M tokens is '
+          'still a finite count')
+_TIERS = (2**10, '1,024 network tiers: a system has a few (the index must '
+          'also name one of its tiers)')
+BOUNDS = {
+  ('application', 'hidden'): _WIDTH,
+  ('application', 'feedforward'): _FF,
+  ('application', 'seq_size'): _SEQ,
+  ('application', 'attn_heads'): _HEADS,
+  ('application', 'attn_size'): _HEAD,
+  ('application', 'num_blocks'): _BLOCKS,
+  ('application', 'kv_heads'): _HEADS,
+  ('application', 'vocab_size'): (2**22, '4,194,304 tokens: 16x the '
+                                  'largest published vocabulary (Gemma 3: '
+                                  '262,144)'),
+  ('application', 'num_experts'): _EXPERTS,
+  ('application', 'top_k'): _EXPERTS,
+  ('application', 'moe_ffn_hidden'): _FF,
+  ('application', 'shared_experts'): _EXPERTS,
+  ('application', 'shared_expert_ffn_hidden'): _FF,
+  ('application', 'first_dense_blocks'): _BLOCKS,
+  ('application', 'moe_layer_freq'): _BLOCKS,
+  ('application', 'moe_router_num_groups'): _EXPERTS,
+  ('application', 'moe_router_group_topk'): _EXPERTS,
+  ('application', 'q_lora_rank'): _WIDTH,
+  ('application', 'kv_lora_rank'): _WIDTH,
+  ('application', 'qk_nope_head_dim'): _HEAD,
+  ('application', 'qk_rope_head_dim'): _HEAD,
+  ('application', 'v_head_dim'): _HEAD,
+  ('application', 'sliding_window'): _SEQ,
+  ('application', 'sliding_window_blocks'): _BLOCKS,
+  ('execution', 'num_procs'): _PROCS,
+  ('execution', 'tensor_par'): _PROCS,
+  ('execution', 'pipeline_par'): _PROCS,
+  ('execution', 'data_par'): _PROCS,
+  ('execution', 'context_par'): _PROCS,
+  ('execution', 'expert_par'): _PROCS,
+  ('execution', 'expert_tensor_par'): _PROCS,
+  ('execution', 'batch_size'): _BATCH,
+  ('execution', 'microbatch_size'): (2**12, '4,096 samples: a microbatch '
+                                     'of 4,096 x 16 M tokens x the widest '
+                                     'layer (2 x 4 M) is 2^59 elements, '
+                                     'an int64 count'),
+  ('execution', 'pipeline_interleaving'): _BLOCKS,
+  **{('execution', f'{d}_par_net'): _TIERS for d in (
+    'tensor', 'pipeline', 'data', 'context', 'expert')},
+  ('system', 'networks[].size'): _PROCS,
+}
+
+
+def _bounded(fields):
+  """``fields`` with the :data:`BOUNDS` applied to their specs."""
+  from calculon.config._schema import Spec as _Spec
+  for f in fields:
+    bound = BOUNDS.get((f.kind, f.name))
+    if bound is None:
+      continue
+    sp = f.spec
+    f.spec = _Spec(sp.kind, lo=sp.lo, hi=bound[0], lo_open=sp.lo_open,
+                   choices=sp.choices, nullable=sp.nullable)
+    f.bound = bound[1]
+  return fields
+
+
+APPLICATION = _bounded(APPLICATION)
+EXECUTION = _bounded(EXECUTION)
+SYSTEM = _bounded(SYSTEM)
 
 #: kind -> {name: Field}, in file order.
 FIELDS = {

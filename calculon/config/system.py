@@ -164,7 +164,8 @@ class NetworkConfig:
     sub = Reader(obj, source, path)
     bw = sub.get('bandwidth', Spec('number', lo=0, lo_open=True)) * 1e9
     eff = sub.get('efficiency', Spec('number', lo=0, lo_open=True, hi=1))
-    size = sub.get('size', Spec('int', lo=0))
+    from calculon.config.registry import field
+    size = sub.get('size', field('system', 'networks[].size').spec)
     latency = sub.get('latency', Spec('number', lo=0))
     ops_obj = sub.get('ops', Spec('dict'))
     ops_reader = Reader(ops_obj, source, sub.field_path('ops'))
@@ -441,7 +442,10 @@ class SystemConfig:
       ConfigError: any field missing, unknown, or out of range; a datatype
         given for only one of matrix/vector.
     """
-    reader = Reader(cfg, source)
+    from calculon.config.registry import FIELDS
+    top = {n.split('.')[0].split('[')[0] for n in FIELDS['system']}
+    reader = Reader(cfg, source, known=tuple(top) + WHOLE_RUN_SECTIONS +
+                    Reader.META_FIELDS)
     reader.meta()
     matrix = ProcessorConfig.read(reader, 'matrix')
     vector = ProcessorConfig.read(reader, 'vector')

@@ -22,6 +22,7 @@ from calculon.config import registry
 from calculon.config.execution import (
   ExecutionColumns, FIELD_SPECS, OPTIONAL_SPECS, RECOMPUTE_MODULE_SETS,
   UNSET, check_rules, json_value)
+from calculon.config._schema import show
 from calculon.errors import ConfigError
 from calculon.frameworks import constraints as C
 from calculon.frameworks.preset import OFFLOAD_KINDS
@@ -200,10 +201,37 @@ def allowed_mask(preset, app, cols):
 def _allowed_text(rule, cols, app, name):
   for case, here in _cases(rule, cols, app):
     if np.any(here):
-      vals = ', '.join(str(json_value(name, v)).replace("'", '"')
-                       for v in case.allowed)
+      vals = ', '.join(show(json_value(name, v)) for v in case.allowed)
       return vals, case.source or rule.source
-  return str(registry.field('execution', name).absent), rule.source
+  return show(json_value(name, registry.field('execution', name).absent)), \
+    rule.source
+
+
+def _fill_supported(preset, app, cols, filled):
+  """Where a field the execution left out (``filled``, see
+  :mod:`calculon.config.fill`) holds a value ``preset`` does not support,
+  puts the first value it supports there (the applying case's first), in
+  place; True when it changed one."""
+  changed = False
+  for name, rule in preset.options.items():
+    if name not in filled or np.all(option_mask(preset, app, cols, (name,))):
+      continue
+    for case, here in _cases(rule, cols, app):
+      if np.any(here):
+        setattr(cols, name, np.asarray(code_of(name, case.allowed[0]),
+                                       dtype=_dtype(name))[()])
+        changed = True
+        break
+    if name == 'data_par_sharding':
+      cols.optimizer_sharding = np.asarray(
+        cols.data_par_sharding != registry.SHARDING_NAMES.index('none'))
+  return changed
+
+
+#: How to price an execution its framework does not support (a preset
+#: that is not strict).
+ANYWAY = ("; to price it anyway, use \"framework\": \"common\" (or "
+          '--framework common)')
 
 
 def check_allowed(preset, app, cols, source='<execution>'):
@@ -216,7 +244,6 @@ def check_allowed(preset, app, cols, source='<execution>'):
   """
   if not preset.strict:
     return
-  from calculon.config._schema import show
   for name, rule in preset.options.items():
     if np.all(option_mask(preset, app, cols, (name,))):
       continue
@@ -225,7 +252,7 @@ def check_allowed(preset, app, cols, source='<execution>'):
     raise ConfigError(
       f"{source}: field '{name}' = {show(value)} is not allowed with "
       f"framework '{preset.name}': it supports {allowed}"
-      + (f' ({why})' if why else ''), source=source, field=name,
+      + (f' ({why})' if why else '') + ANYWAY, source=source, field=name,
       value=value, allowed=allowed)
   if not np.all(offload_mask(preset, cols)):
     kinds = '; '.join(' + '.join(sorted(k)) or 'none'
@@ -234,9 +261,13 @@ def check_allowed(preset, app, cols, source='<execution>'):
       f"{source}: field 'weight_offload'/'activations_offload'/"
       f"'optimizer_offload' is not allowed with framework "
       f"'{preset.name}': it offloads {kinds}"
-      + (f' ({preset.offload_source})' if preset.offload_source else ''),
-      source=source, field='optimizer_offload')
-  C.check(preset, cols, app, source)
+      + (f' ({preset.offload_source})' if preset.offload_source else '')
+      + ANYWAY, source=source, field='optimizer_offload')
+  try:
+    C.check(preset, cols, app, source)
+  except ConfigError as err:
+    raise ConfigError(str(err) + ANYWAY, source=err.source,
+                      field=err.field) from None
 
 
 def rule_value(preset, app, name, **fields):
@@ -306,6 +337,8 @@ def resolve_execution(app, exe, framework=None, source='<execution>'):
     cols.attention_type = np.asarray(cols.attention_type)[0]
   written = exe.written if exe.written else frozenset(record)
   resolve_columns(preset, app, cols, written)
+  if exe.filled and _fill_supported(preset, app, cols, exe.filled):
+    resolve_columns(preset, app, cols, written)
   check_allowed(preset, app, cols, source)
   values = {}
   for f in preset.rules:

@@ -250,7 +250,9 @@ def build_block(app, exe, ctx, moe=False):
                                              shape.kv_local),
         recompute=full | alt)
   heads_local = mbs * heads // tp
-  scores = heads // tp * s_q * s_k * mbs
+  # In float64: heads x s^2 elements exceed int64 at the registry's bounds
+  # (exact below 2^53).
+  scores = np.float64(heads // tp) * s_q * s_k * mbs
   add(BatchMatMul, 'AttnBlock_Multihead_Key_Query', heads_local, s_q,
       head_size, s_k, recompute=attn_re, output_stored=~attn_re,
       present=standard, core=True)
@@ -812,15 +814,19 @@ def moe_blocks_in_busiest_stage(app, pp):
   PP degrees ``pp`` (array): stages hold contiguous runs of
   ceil(blocks / PP) blocks, MoE where the application's pattern says
   (first_dense_blocks, moe_layer_freq)."""
-  L = app.num_blocks
-  is_moe = np.array([i >= app.first_dense_blocks and
-                     i % app.moe_layer_freq == 0 for i in range(L)])
+  L, first, k = app.num_blocks, app.first_dense_blocks, app.moe_layer_freq
   pp = np.asarray(pp)
   out = np.zeros(pp.shape, dtype=np.int64)
   for value in np.unique(pp):
     bpp = -(-L // int(value))
-    counts = [int(is_moe[i:i + bpp].sum()) for i in range(0, L, bpp)]
-    out = np.where(pp == value, max(counts), out)
+    # Stage j holds blocks [j bpp, min((j + 1) bpp, L)); its MoE blocks are
+    # the multiples of k in [max(j bpp, first), end): a closed form per
+    # stage (at most PP stages), not a loop over the blocks.
+    start = np.arange(0, L, bpp, dtype=np.int64)
+    end = np.minimum(start + bpp, L)
+    lo = np.maximum(start, first)
+    counts = np.where(end > lo, -(-end // k) - -(-lo // k), 0)
+    out = np.where(pp == value, int(counts.max()), out)
   return out[()] if out.ndim == 0 else out
 
 

@@ -195,6 +195,8 @@ class Llm:
     from calculon.frameworks import resolve_execution
     config, self.framework_settings = resolve_execution(
       self.app.config, exe.config, self.framework, exe.source)
+    from calculon.config.fill import place_networks
+    config = place_networks(config, sys.config.networks)
     exe = _Execution(config=config, source=exe.source)
     self.exe, self.sys = exe, sys
     ev = evaluate_columns(self.app.config, sys, exe.columns(),

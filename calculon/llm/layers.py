@@ -1327,8 +1327,11 @@ class FlashAttention(Layer):
 
   def __init__(self, name, ctx, heads, q_len, kv_len, head_size, v_size,
                kv_elems, causal, **flags):
-    qk = heads * q_len * kv_len * head_size * causal
-    pv = heads * q_len * kv_len * v_size * causal
+    # In float64: the score count heads x s^2 exceeds int64 at the
+    # registry's bounds (exact below 2^53).
+    scores = np.float64(heads) * q_len * kv_len
+    qk = scores * head_size * causal
+    pv = scores * v_size * causal
     fw = 2.0 * qk + 2.0 * pv
     q_elems = heads * q_len * head_size
     o_elems = heads * q_len * v_size
@@ -1549,9 +1552,9 @@ class CrossEntropy(Layer):
 
   def __init__(self, name, ctx, size, unfused=False, compiled=False,
                loss_parallel=False, **flags):
-    super().__init__(name, ctx, fw_flops=5 * size, agrad_flops=2 * size,
-                     inputs=size, outputs=size, activation=size,
-                     activation_grads=size, **flags)
+    super().__init__(name, ctx, fw_flops=5.0 * size,
+                     agrad_flops=2.0 * size, inputs=size, outputs=size,
+                     activation=size, activation_grads=size, **flags)
     self.unfused = unfused
     self.compiled = compiled
     self.loss_parallel = loss_parallel
