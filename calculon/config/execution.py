@@ -545,6 +545,33 @@ def _procs_message(c, i):
   return f'{text} = {values}'
 
 
+def _schedule_violation(c):
+  """Reason codes of the schedule table's constraints
+  (:func:`calculon.llm.terms.schedules.violation`)."""
+  from calculon.llm.terms.schedules import violation
+  nmb = (c.batch_size // c.data_par) // c.microbatch_size
+  return violation(c.pipeline_schedule, c.pipeline_par,
+                   c.pipeline_interleaving, nmb)
+
+
+def _schedule_bad(c):
+  if np.all(np.asarray(c.pipeline_schedule) == UNSET):
+    return np.False_
+  return _schedule_violation(c) != 0
+
+
+def _schedule_message(c, i):
+  from calculon.config.registry import PIPELINE_SCHEDULE_NAMES
+  from calculon.llm.terms.schedules import violation_message
+  name = PIPELINE_SCHEDULE_NAMES[_v(c, 'pipeline_schedule', i)]
+  code = int(np.broadcast_to(_schedule_violation(c), c.shape)[i])
+  return (f'= {show(name)} is not allowed with pipeline_par = '
+          f"{_v(c, 'pipeline_par', i)}, pipeline_interleaving = "
+          f"{_v(c, 'pipeline_interleaving', i)}: it "
+          f'{violation_message(code, name)} (the schedule table, '
+          'calculon/llm/terms/schedules.py)')
+
+
 RULES = (
   Rule('num_procs',
        lambda c: c.num_procs != c.tensor_par * c.pipeline_par * c.data_par *
@@ -567,6 +594,7 @@ RULES = (
        lambda c: (c.pipeline_par == 1) & (c.pipeline_interleaving != 1),
        lambda c, i: f"= {_v(c, 'pipeline_interleaving', i)} is not allowed: "
        "must be 1 when pipeline_par = 1"),
+  Rule('pipeline_schedule', _schedule_bad, _schedule_message),
   Rule('optimizer_sharding',
        lambda c: c.optimizer_sharding & (c.data_par * c.context_par <= 1),
        lambda c, i: '= true is not allowed: optimizer sharding needs '

@@ -70,6 +70,12 @@ CUDA_GRAPH_NAMES = ('none', 'layers', 'full_iteration')
 #: ``gradient_shard_reduce``: when sharded gradients are reduce-scattered.
 GRADIENT_SHARD_REDUCE_NAMES = ('batch', 'microbatch')
 GRADIENT_DATATYPE_NAMES = ('float32', 'bfloat16', 'float16')
+#: ``pipeline_schedule``: the pipeline schedules of the schedule table
+#: (:mod:`calculon.llm.terms.schedules`), as the frameworks name them.
+#: New names go last (a name's index is the engine's code).
+PIPELINE_SCHEDULE_NAMES = ('1f1b', 'interleaved-1f1b', 'gpipe', 'looped-bfs',
+                           'zb-h1', 'interleaved-zb', 'zbv', 'dualpipe',
+                           'dualpipe-v')
 #: Megatron-Core's selective-recomputation modules (--recompute-modules;
 #: megatron/core/transformer/transformer_config.py ``recompute_modules``),
 #: then PyTorch's per-op selective checkpointing as torchtitan sets it
@@ -319,6 +325,28 @@ EXECUTION = (
   _ex('expert_imbalance', Spec('number', lo=1), 'moe',
       'tokens of the busiest expert over the average (the step waits for '
       'it)', absent=1.0, absent_doc='1 (balanced)'),
+  _ex('pipeline_schedule', _choice(PIPELINE_SCHEDULE_NAMES), 'schedule',
+      "the pipeline schedule (with PP > 1): '1f1b' (VP = 1) and "
+      "'interleaved-1f1b' (VP > 1) Narayanan et al.'s; 'gpipe' all "
+      "forwards, then all backwards (VP = 1); 'looped-bfs' breadth-first "
+      "over VP > 1 chunks; 'zb-h1' zero-bubble 1F1B, the weight gradients "
+      "deferred into the bubble (VP = 1); 'interleaved-zb' the same over "
+      "VP > 1 chunks; 'zbv' zero-bubble over two chunks a rank in a V "
+      "(VP = 2); 'dualpipe' DeepSeek's bidirectional schedule, each rank "
+      "holding its stage and the mirrored one, two parameter copies (VP = "
+      "1, even PP, microbatches even and >= 2 PP); 'dualpipe-v' its "
+      "V-shaped half, two chunks a rank (VP = 2, microbatches >= 2 PP). "
+      'Bubble, microbatches in flight and parameter copies of each: the '
+      'schedule table, calculon/llm/terms/schedules.py',
+      names=PIPELINE_SCHEDULE_NAMES, absent=None,
+      absent_doc="'1f1b', or 'interleaved-1f1b' with "
+      'pipeline_interleaving > 1 (Calculon)',
+      source='Narayanan et al. SC21; Huang et al. 2019 (GPipe); '
+      'Lamy-Poirier 2022 (breadth-first); Qi et al. ICLR 2024, arXiv '
+      '2401.10241 (ZB-H1, ZB-V); DeepSeek-V3 technical report, arXiv '
+      '2412.19437, section 3.2.1, and deepseek-ai/DualPipe README '
+      '(3da1bbea5); PyTorch torch/distributed/pipelining/schedules.py '
+      '(00722e648b) get_schedule_class'),
   # -- framework behaviours -------------------------------------------------------
   _beh('checkpoint_layout', _choice(CHECKPOINT_LAYOUT_NAMES), 'memory',
        "full recomputation's block-input checkpoint: 'as_input' as the "

@@ -17,8 +17,11 @@ buffers outside the allocator (``nccl_groups``, ``mem1_runtime_bytes``)
 and the capacity a run may fill (``mem1_usable_bytes``), from the system's
 ``memory_reserve``.
 
-Reads: ``app``, ``exe``, ``pp``, ``interleaving``, ``training``,
-``full_recompute``, ``fsdp``, ``weight_shards``, ``dpcp``, ``edp``
+Reads: the schedule table (:mod:`~calculon.llm.terms.schedules`: the
+microbatches in flight and the parameter copies of the schedules other
+than Calculon's; ``pipeline_schedule``,
+:mod:`~calculon.llm.terms.schedule`); ``app``, ``exe``, ``pp``,
+``interleaving``, ``training``, ``full_recompute``, ``fsdp``, ``weight_shards``, ``dpcp``, ``edp``
 (:mod:`~calculon.llm.terms.base`); ``block``,
 ``block_act_checkpoint_bytes`` (:mod:`~calculon.llm.terms.blocks`);
 ``blocks_per_proc``, ``num_microbatches``
@@ -34,6 +37,7 @@ import numpy as np
 
 from calculon.config.registry import (
   ACTIVATION_OFFLOAD_LAYERS_NAMES, ACTIVATION_OFFLOAD_SCOPE_NAMES)
+from calculon.llm.terms import schedules
 
 _ACT_OFFLOAD_FIT = ACTIVATION_OFFLOAD_LAYERS_NAMES.index('fit')
 _ACT_SCOPE_TE = ACTIVATION_OFFLOAD_SCOPE_NAMES.index('te_marked')
@@ -49,6 +53,8 @@ class MemoryTerms:
     of the prefetched next one (PyTorch FSDP FULL_SHARD with forward
     prefetch)."""
     plain = self.block.weight_bytes * self.blocks_per_proc
+    if self._param_copies is not None:
+      plain = plain * self._param_copies
     if not np.any(self.fsdp):
       return plain
     working = np.minimum(2, self.blocks_per_proc) * self.block.weight_bytes
@@ -74,7 +80,50 @@ class MemoryTerms:
     return np.where(self.fsdp, sharded, self.weight_bytes)
 
   @cached_property
+  def _schedule_inflight(self):
+    """(first, last) stage's microbatches in flight of the schedules other
+    than Calculon's (the schedule table,
+    :func:`~calculon.llm.terms.schedules.in_flight`); None when every
+    execution runs Calculon's."""
+    sched = self.pipeline_schedule
+    if not schedules.any_new(sched):
+      return None
+    first, last = schedules.in_flight(
+      sched, self.pp, self.num_microbatches, self._calculon_inflight_factor,
+      self._calculon_last_stage_inflight_factor)
+    single = self.pp == 1
+    return (np.where(single, self._calculon_inflight_factor, first),
+            np.where(single, self._calculon_last_stage_inflight_factor, last))
+
+  @cached_property
   def _inflight_factor(self):
+    """Microbatches (in units of the processor's blocks) whose activations
+    the first stage keeps: :attr:`_calculon_inflight_factor` for
+    Calculon's schedules, the schedule table's for the others."""
+    other = self._schedule_inflight
+    return self._calculon_inflight_factor if other is None else other[0]
+
+  @cached_property
+  def _last_stage_inflight_factor(self):
+    """The same for the last stage
+    (:attr:`_calculon_last_stage_inflight_factor`, or the table's)."""
+    other = self._schedule_inflight
+    return self._calculon_last_stage_inflight_factor if other is None \
+      else other[1]
+
+  @cached_property
+  def _param_copies(self):
+    """Copies of its stages' parameters a processor holds (2 with
+    'dualpipe', :func:`~calculon.llm.terms.schedules.param_copies`); None
+    when no execution keeps a second (nothing is scaled)."""
+    sched = self.pipeline_schedule
+    if not schedules.any_new(sched):
+      return None
+    copies = schedules.param_copies(sched)
+    return copies if np.any(copies != 1) else None
+
+  @cached_property
+  def _calculon_inflight_factor(self):
     """Microbatches whose activations are kept: min(nmb, PP) for 1F1B, times
     1 + (PP - 1) / (interleaving * PP) for the interleaved schedule
     (Korthikanti et al. 2022, section 4.2.3); with
@@ -99,7 +148,7 @@ class MemoryTerms:
     return np.where(self.interleaving > 1, inter, mb)
 
   @cached_property
-  def _last_stage_inflight_factor(self):
+  def _calculon_last_stage_inflight_factor(self):
     """Microbatches (in units of the processor's blocks) whose activations
     the last pipeline stage keeps: one with 1F1B; with v model chunks its
     warm-up holds (v - 1) PP + 1 chunk-microbatches (Megatron-LM
@@ -108,7 +157,7 @@ class MemoryTerms:
     v = self.interleaving
     f = ((v - 1) * self.pp + 1) / v
     return np.where(self.pp > 1, np.minimum(f, self.num_microbatches),
-                    self._inflight_factor)
+                    self._calculon_inflight_factor)
 
   def _act_bytes_for(self, inflight):
     b = self.block
@@ -148,12 +197,20 @@ class MemoryTerms:
                      b.weight_grad_unsharded_bytes,
                      b.weight_grad_unsharded_bytes + b.weight_grad_bytes * (
                        self.blocks_per_proc - 1))
+    if self._param_copies is not None:
+      # The mirrored stage's gradients are kept whole too ('dualpipe').
+      grads = grads + (self._param_copies - 1) * b.weight_grad_bytes * \
+        self.blocks_per_proc
     return np.where(self.training, grads, 0)
 
   @cached_property
   def optimizer_bytes(self):
-    return np.where(self.training,
-                    self.block.optimizer_bytes * self.blocks_per_proc, 0)
+    """Optimizer state of the processor's blocks (of both copies with
+    'dualpipe')."""
+    state = self.block.optimizer_bytes * self.blocks_per_proc
+    if self._param_copies is not None:
+      state = state * self._param_copies
+    return np.where(self.training, state, 0)
 
   # "min" sizes: what tier 1 must still hold when a kind is offloaded
   # (double-buffered blocks).

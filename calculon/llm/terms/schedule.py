@@ -8,7 +8,8 @@ chunk is ``blocks_per_chunk - 1`` *base* blocks followed by one *edge*
 block that also sends the activation to the next pipeline stage.  Times
 are for processor 0.
 
-Provides :class:`ScheduleTerms`: ``num_microbatches``,
+Provides :class:`ScheduleTerms`: ``pipeline_schedule`` (the schedule's
+code, :mod:`~calculon.llm.terms.schedules`), ``num_microbatches``,
 ``vocab_in_split``, ``blocks_per_proc``, ``bubble_reduction_blocks``,
 ``blocks_per_chunk``, ``chunks_per_proc``, ``baseblocks_per_chunk``,
 ``edgeblocks_per_chunk``, ``block_microbatches`` (blocks x microbatches),
@@ -18,8 +19,9 @@ and microbatch), the base and edge blocks' forward and backward times
 (:meth:`~ScheduleTerms.bubble_s` from given block times, and
 ``bubble_time_s``).
 
-Reads: ``app``, ``exe``, ``pp``, ``interleaving``
-(:mod:`~calculon.llm.terms.base`); ``block``
+Reads: ``app``, ``exe``, ``pp``, ``interleaving``, ``training``
+(:mod:`~calculon.llm.terms.base`); the schedule table
+(:mod:`~calculon.llm.terms.schedules`); ``block``
 (:mod:`~calculon.llm.terms.blocks`); ``chunk_fw_pp_time_s``,
 ``chunk_bw_pp_time_s`` (:mod:`~calculon.llm.terms.pipeline`);
 ``block_fw_extra_s``, ``block_bw_extra_s`` (the concerns' sum,
@@ -33,6 +35,8 @@ from functools import cached_property
 
 import numpy as np
 
+from calculon.llm.terms import schedules
+
 
 class ScheduleTerms:
   """The schedule's counts, block and chunk times, and the bubble (see
@@ -40,6 +44,14 @@ class ScheduleTerms:
 
   #: Edge blocks per chunk: the last block of each chunk.
   edgeblocks_per_chunk = 1
+
+  @cached_property
+  def pipeline_schedule(self):
+    """``pipeline_schedule`` codes with a schedule left out read as
+    Calculon's ('1f1b', or 'interleaved-1f1b' with VP > 1;
+    :func:`~calculon.llm.terms.schedules.effective`)."""
+    return schedules.effective(np.asarray(self.exe.pipeline_schedule),
+                               self.interleaving)
 
   @cached_property
   def num_microbatches(self):
@@ -189,7 +201,7 @@ class ScheduleTerms:
     return (self.baseblocks_per_chunk * base) + \
       (self.edgeblocks_per_chunk * edge)
 
-  def bubble_s(self, base_fw, edge_fw, base_bw, edge_bw):
+  def bubble_s(self, base_fw, edge_fw, base_bw, edge_bw, wgrad=None):
     """Pipeline bubble (seconds) of the (interleaved) 1F1B schedule whose
     base and edge blocks take the given forward and backward seconds (per
     block and microbatch; arrays broadcastable over the executions).
@@ -207,6 +219,16 @@ class ScheduleTerms:
     extra chunk times.  When PP does not divide the block count, later stages
     hold one block less and the bubble shrinks by that many blocks' time
     (half base, half edge when chunks have base blocks).
+
+    Schedules other than Calculon's (``pipeline_schedule``, the schedule
+    table :mod:`~calculon.llm.terms.schedules`): the table's bubble of one
+    chunk's forward F (``chunk_time_s`` of the forward times), full
+    backward B (of the backward times) and weight gradient W
+    (``blocks_per_chunk`` x ``wgrad``, per block and microbatch; the
+    block's ``wgrad_time`` when training by default).  It grows with F and
+    B at fixed W, so the bound may pass lower bounds of them (and may put
+    the backward into the forward: every table formula weighs B at least
+    as much as F).
     """
     chunk_time = self.chunk_time_s(base_fw, edge_fw) + \
       self.chunk_time_s(base_bw, edge_bw)
@@ -218,7 +240,16 @@ class ScheduleTerms:
     nmb, pp = self.num_microbatches, self.pp
     missing = nmb % pp
     extra = np.where(missing != 0, (self.interleaving - 1) * (pp - missing), 0)
-    return (pp - 1) * chunk_time + (extra * chunk_time - reduction)
+    bubble = (pp - 1) * chunk_time + (extra * chunk_time - reduction)
+    sched = self.pipeline_schedule
+    if not schedules.any_new(sched):
+      return bubble
+    if wgrad is None:
+      wgrad = np.where(self.training, self.block.wgrad_time, 0)
+    new = schedules.bubble_s(
+      sched, pp, nmb, self.interleaving, self.chunk_time_s(base_fw, edge_fw),
+      self.chunk_time_s(base_bw, edge_bw), self.blocks_per_chunk * wgrad)
+    return np.where(schedules.legacy(sched), bubble, new)
 
   @cached_property
   def bubble_time_s(self):
