@@ -175,7 +175,7 @@ def test_bounds_on_every_concern():
   expert parallelism, the host overheads), so each is covered whatever
   hypothesis draws."""
   assert [c.name for c in Evaluation.CONCERNS] == [
-    'host optimizer step', 'context parallelism', 'fsdp', 'vocabulary', 'expert parallelism',
+    'pipeline schedule', 'host optimizer step', 'context parallelism', 'fsdp', 'vocabulary', 'expert parallelism',
     'host overheads']
   spec, groups = _groups('qwen3-30B-A3B', 'h100_sxm_80g', 64,
                          256, 'bfloat16')
@@ -220,3 +220,30 @@ def test_level_one_extra_is_below_the_summed_extra():
     assert np.any(exact > 0)
     ratio = lower[exact > 0] / exact[exact > 0]
     assert np.median(ratio) > 0.99
+
+
+def test_bounds_over_every_pipeline_schedule():
+  """Every schedule of the schedule table (calculon/llm/terms/schedules.py)
+  on the grids of groups with PP > 1 (a dense and a MoE model; the
+  schedule axis widened to all of them, whatever a preset ships): the
+  level-1 bound, with each schedule's bubble of the blocks' lower bounds
+  and their exact weight-gradient time, and the level-2 bound stay above
+  every priced rate."""
+  import dataclasses
+  from calculon.config.registry import PIPELINE_SCHEDULE_NAMES
+  from calculon.config.execution import UNSET
+  codes = [UNSET] + list(range(len(PIPELINE_SCHEDULE_NAMES)))
+  checked = 0
+  for model, procs, batch in (('llama3-8B', 64, 256),
+                              ('qwen3-30B-A3B', 64, 256)):
+    spec, groups = _groups(model, 'h100_sxm_80g', procs, batch, 'bfloat16',
+                           'torchtitan')
+    picked = [g for g in groups if g.pp in (2, 4)][:3]
+    assert picked
+    for i, g in enumerate(picked):
+      values = dict(g.values, pipeline_schedule=codes)
+      values['pipeline_interleaving'] = sorted(
+        set(values['pipeline_interleaving']) | {1, 2})
+      wide = dataclasses.replace(g, values=values)
+      checked += check_bounds(spec, wide, 100 + i)
+  assert checked > 0
