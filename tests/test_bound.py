@@ -236,14 +236,16 @@ def test_bounds_over_every_pipeline_schedule():
   checked = 0
   for model, procs, batch in (('llama3-8B', 64, 256),
                               ('qwen3-30B-A3B', 64, 256)):
+    # 'common' allows every option (torchtitan ships neither ZB-H1 nor
+    # DualPipe).
     spec, groups = _groups(model, 'h100_sxm_80g', procs, batch, 'bfloat16',
-                           'torchtitan')
+                           'common')
     picked = [g for g in groups if g.pp in (2, 4)][:3]
     assert picked
     for i, g in enumerate(picked):
-      values = dict(g.values, pipeline_schedule=codes)
-      values['pipeline_interleaving'] = sorted(
-        set(values['pipeline_interleaving']) | {1, 2})
+      values = dict(g.values, pipeline_schedule=codes,
+                    pipeline_interleaving=[1, 2])
       wide = dataclasses.replace(g, values=values)
-      checked += check_bounds(spec, wide, 100 + i)
+      for seed in range(3):
+        checked += check_bounds(spec, wide, 100 + 3 * i + seed)
   assert checked > 0
