@@ -231,3 +231,68 @@ def test_a_preset_refuses_a_schedule_it_does_not_ship(tmp_path):
   lines = proc.stderr.strip().splitlines()
   assert len(lines) == 1 and "'pipeline_schedule' = \"zb-h1\"" in lines[0]
   assert 'megatron-core' in lines[0] and 'interleaved-1f1b' in lines[0]
+
+
+# -- uneven stages -----------------------------------------------------------
+
+def test_uneven_stages_of_llama3_70b():
+  """Llama 3 70B over PP 8 with 7 blocks on the first and the last stage
+  (Megatron-Core --decoder-first/last-pipeline-num-layers 7): the other
+  six hold (80 - 14) / 6 = 11, the busiest; the bubble is the other ranks'
+  stage times, (p - 1) edge blocks and 80 - 11 - 7 = 62 base blocks (each
+  of the 7 others' stages ends in one edge block); the first stage keeps
+  7 blocks' weights and activations, and the middle rank binds memory."""
+  even = evaluation(LLAMA3_70B, H100, **L70)
+  ev = evaluation(LLAMA3_70B, H100, pipeline_first_stage_blocks=7,
+                  pipeline_last_stage_blocks=7, **L70)
+  assert value(ev.blocks_per_proc) == 11
+  base = value(ev.baseblock_fw_time_s) + value(ev.baseblock_bw_time_s)
+  edge = value(ev.edgeblock_fw_time_s) + value(ev.edgeblock_bw_time_s)
+  assert value(ev.bubble_time_s) == pytest.approx(7 * edge + 62 * base,
+                                                  rel=1e-12)
+  assert value(ev.first_stage_memory_by_kind['weights'][0]) < \
+    value(even.first_stage_memory_by_kind['weights'][0])
+  assert value(ev.mem1_tensor_bytes) > value(ev.first_stage_mem1_bytes)
+  assert value(ev.mem1_tensor_bytes) > value(ev.last_stage_mem1_bytes)
+  # Left out, both mean the even split, bit for bit.
+  assert value(evaluation(LLAMA3_70B, H100, **L70).total_time_s) == \
+    value(even.total_time_s)
+
+
+def test_uneven_stages_refused_with_one_line():
+  with pytest.raises(ConfigError) as err:
+    evaluation(LLAMA3_70B, H100, pipeline_first_stage_blocks=9,
+               pipeline_last_stage_blocks=9, **L70)
+  text = str(err.value)
+  assert "field 'pipeline_first_stage_blocks' = 9" in text
+  assert 'must split the 62 blocks left' in text and '\n' not in text
+  with pytest.raises(ConfigError, match='dualpipe'):
+    evaluation(LLAMA3_70B, H100, pipeline_first_stage_blocks=12,
+               pipeline_last_stage_blocks=8, pipeline_schedule='dualpipe',
+               **L70)
+  with pytest.raises(ConfigError, match='pipeline_par > 1'):
+    evaluation(LLAMA3_70B, H100, pipeline_last_stage_blocks=8,
+               **dict(L70, pipeline_par=1))
+
+
+def test_layout_field_round_trips_as_json():
+  """Left out it stays out of the JSON an execution writes."""
+  from calculon.config import Execution, ExecutionColumns
+  from test_modern import BASE_EXE
+  exe = Execution.from_dict(dict(BASE_EXE))
+  assert 'pipeline_first_stage_blocks' not in exe.to_dict()
+  cols = ExecutionColumns.from_records([exe.to_dict()])
+  assert 'pipeline_last_stage_blocks' not in cols.record(0)
+  assert 'pipeline_last_stage_blocks' not in cols.to_frame().columns
+  given = Execution.from_dict(dict(BASE_EXE, pipeline_par=2, num_procs=2,
+                                   pipeline_last_stage_blocks=3))
+  cols = ExecutionColumns.from_records([given.to_dict()])
+  assert cols.record(0)['pipeline_last_stage_blocks'] == 3
+  frame = cols.to_frame()
+  frame['attention_type'] = 'multihead'
+  frame = frame.loc[[0, 0]].reset_index(drop=True)
+  import pandas as pd
+  frame['pipeline_last_stage_blocks'] = pd.Series([3, None], dtype=object)
+  back = ExecutionColumns.from_frame(frame)
+  assert list(back.pipeline_last_stage_blocks) == [3, -1]   # -1: left out
+  assert 'pipeline_first_stage_blocks' not in frame.columns

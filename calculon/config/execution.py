@@ -288,7 +288,8 @@ class ExecutionColumns:
       if value is None:
         value = np.float64(default) if spec.kind == 'number' else \
           np.bool_(default) if spec.kind == 'bool' else \
-          np.int64(default if names is None else _code(names, default))
+          np.int64(_code(names, default) if names is not None or
+                   default is None else default)
       setattr(self, name, value)
     if self.optimizer_sharding is None:
       self.optimizer_sharding = np.asarray(
@@ -337,6 +338,9 @@ class ExecutionColumns:
         cols[name] = np.array([_code(names, v) for v in vals],
                               dtype=np.int64)
       else:
+        if default is None:
+          # An integer left out (None) is UNSET.
+          vals = [UNSET if v is None else v for v in vals]
         cols[name] = np.array(vals, dtype=_kind_dtype(spec))
     return cls(**cols)
 
@@ -408,10 +412,12 @@ class ExecutionColumns:
                              for v in obj], dtype=bool)
           if optional:
             is_int |= absent
-            obj = np.where(absent, default, obj)
+            obj = np.where(absent, UNSET if default is None else default,
+                           obj)
           arr = np.where(is_int, obj, 0).astype(np.int64)
           bad = ~is_int
-        bad |= arr < (spec.lo if spec.lo is not None else -2**62)
+        bad |= (arr < (spec.lo if spec.lo is not None else -2**62)) & \
+          ~absent
       if bad.any():
         row = int(np.flatnonzero(bad)[0])
         raise ConfigError(
@@ -444,6 +450,8 @@ class ExecutionColumns:
         bool(value) if spec.kind == 'bool' else int(value)
       if names is not None:
         value = None if value == UNSET else names[value]
+      elif default is None and value == UNSET:
+        value = None
       if value != default:
         out[name] = json_value(name, value)
     return out
@@ -462,7 +470,8 @@ class ExecutionColumns:
         data[name] = arr
     for name, (spec, names, default) in OPTIONAL_SPECS.items():
       arr = np.broadcast_to(getattr(self, name), shape).reshape(-1)
-      code = default if names is None else _code(names, default)
+      code = _code(names, default) if names is not None or default is None \
+        else default
       if np.all(arr == code):
         continue
       data[name] = _labels(names, arr) if names is not None else arr

@@ -626,6 +626,15 @@ def valid_mask(cols, spec=None):
     nmb = (cols.batch_size // cols.data_par) // cols.microbatch_size
     ok = ok & (violation(sched, cols.pipeline_par, cols.pipeline_interleaving,
                          nmb) == 0)
+  first = np.asarray(cols.pipeline_first_stage_blocks)
+  last = np.asarray(cols.pipeline_last_stage_blocks)
+  if spec is not None and (np.any(first != UNSET) or np.any(last != UNSET)):
+    # A layout the stages cannot split (the engine's check).
+    from calculon.llm.terms.schedule import layout_violation
+    from calculon.llm.terms.schedules import effective
+    ok = ok & (layout_violation(
+      spec.app.num_blocks, cols.pipeline_par, cols.pipeline_interleaving,
+      first, last, effective(sched, cols.pipeline_interleaving)) == 0)
   if spec is not None and spec.modern:
     from calculon.frameworks.resolve import allowed_mask
     ok = ok & allowed_mask(spec.preset, spec.app, cols)

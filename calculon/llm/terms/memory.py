@@ -40,6 +40,10 @@ from calculon.config.registry import (
 from calculon.llm.terms import schedules
 
 _ACT_OFFLOAD_FIT = ACTIVATION_OFFLOAD_LAYERS_NAMES.index('fit')
+#: The vocabulary parts of a stage without the embedding or the head.
+_NO_VOCAB = {k: 0.0 for k in (
+  'weights', 'activations', 'weight_gradients', 'optimizer',
+  'activation_gradients')}
 _ACT_SCOPE_TE = ACTIVATION_OFFLOAD_SCOPE_NAMES.index('te_marked')
 
 
@@ -159,15 +163,19 @@ class MemoryTerms:
     return np.where(self.pp > 1, np.minimum(f, self.num_microbatches),
                     self._calculon_inflight_factor)
 
-  def _act_bytes_for(self, inflight):
+  def _act_bytes_for(self, inflight, blocks=None):
     b = self.block
+    if blocks is None:
+      blocks = self.blocks_per_proc
     kept = b.act_working_bytes + b.act_storage_bytes * (
-      self.blocks_per_proc * inflight - 1)
+      blocks * inflight - 1)
     return np.where(self.training & ~self.full_recompute, kept,
                     b.act_working_bytes)
 
-  def _checkpoint_bytes_for(self, inflight):
-    ckpt = self.blocks_per_proc * self.block_act_checkpoint_bytes
+  def _checkpoint_bytes_for(self, inflight, blocks=None):
+    if blocks is None:
+      blocks = self.blocks_per_proc
+    ckpt = blocks * self.block_act_checkpoint_bytes
     return np.where(self.training & self.full_recompute, ckpt * inflight, 0)
 
   @cached_property
@@ -201,6 +209,16 @@ class MemoryTerms:
       # The mirrored stage's gradients are kept whole too ('dualpipe').
       grads = grads + (self._param_copies - 1) * b.weight_grad_bytes * \
         self.blocks_per_proc
+    return np.where(self.training, grads, 0)
+
+  def _weight_grad_bytes_for(self, blocks):
+    """:attr:`weight_grad_bytes` of a stage holding ``blocks`` blocks (a
+    layout's end stage; none is a 'dualpipe' one: a layout is refused
+    with it)."""
+    b = self.block
+    grads = np.where(blocks <= 1, np.where(
+      blocks == 1, b.weight_grad_unsharded_bytes, 0),
+      b.weight_grad_unsharded_bytes + b.weight_grad_bytes * (blocks - 1))
     return np.where(self.training, grads, 0)
 
   @cached_property
@@ -241,15 +259,31 @@ class MemoryTerms:
     return np.where(self.training, self.block.optimizer_bytes * 2, 0)
 
   # -- the stages' kinds and the tiers ----------------------------------------
-  def _kinds(self, act, ckpt, vocab, kept=0.0):
+  def _kinds(self, act, ckpt, vocab, kept=0.0, blocks=None):
     """{kind: (tier-1 bytes, tier-2 bytes)} of a pipeline stage whose
     blocks keep ``act`` activations and ``ckpt`` checkpoints, plus the
     embedding / LM head parts ``vocab`` (a dict by kind, tier 1 only);
     ``kept``: the stored activations offloaded blocks keep in tier 1
     (``activation_offload_scope`` 'te_marked', :meth:`_act_unmarked_for`).
     With ``activation_offload_layers`` 'fit' the stage keeps them all here
-    (:meth:`_stage_kinds` then moves the blocks it offloads)."""
+    (:meth:`_stage_kinds` then moves the blocks it offloads).  ``blocks``:
+    the stage's blocks where a layout gives them (the weights, their
+    gradients and the optimizer state of that many blocks), None: the
+    busiest stage's."""
     e = self.exe
+    weights, grads, optim = self.weight_bytes, self.weight_grad_bytes, \
+      self.optimizer_bytes
+    host_weights = self._weight_host_bytes
+    grad_blocks = self.blocks_per_proc
+    if blocks is not None:
+      given = self.pipeline_layout.given
+      with np.errstate(divide='ignore', invalid='ignore'):
+        ratio = blocks / np.maximum(self.blocks_per_proc, 1)
+      weights = np.where(given, weights * ratio, weights)
+      host_weights = np.where(given, host_weights * ratio, host_weights)
+      optim = np.where(given, optim * ratio, optim)
+      grads = np.where(given, self._weight_grad_bytes_for(blocks), grads)
+      grad_blocks = np.where(given, blocks, grad_blocks)
     wo, oo = e.weight_offload, e.optimizer_offload
     ao = e.activations_offload
     fit = self._act_fit
@@ -261,24 +295,24 @@ class MemoryTerms:
     ckpt1 = np.where(ao, np.where(full, self.act_checkpoint_bytes_min, 0),
                      ckpt)
     ckpt2 = np.where(ao & full, ckpt, 0)
-    optim1 = np.where(oo, self.optimizer_bytes_min, self.optimizer_bytes)
+    optim1 = np.where(oo, self.optimizer_bytes_min, optim)
     host = self._host_step
     if np.any(host):
       # The state lives and is updated on the host: the device streams
       # none of it.
       optim1 = np.where(host, 0, optim1)
     return {
-      'weights': (np.where(wo, self.weight_bytes_min, self.weight_bytes) +
-                  vocab['weights'], np.where(wo, self._weight_host_bytes, 0)),
+      'weights': (np.where(wo, self.weight_bytes_min, weights) +
+                  vocab['weights'], np.where(wo, host_weights, 0)),
       'activations': (act1 + vocab['activations'], act2),
       'checkpoints': (ckpt1, ckpt2),
       'weight_gradients': (np.where(oo, self.weight_grad_bytes_min,
-                                    self.weight_grad_bytes) +
+                                    grads) +
                            vocab['weight_gradients'],
                            np.where(oo, self.block.weight_grad_bytes *
-                                    self.blocks_per_proc, 0)),
+                                    grad_blocks, 0)),
       'optimizer': (optim1 + vocab['optimizer'],
-                    np.where(oo, self.optimizer_bytes, 0)),
+                    np.where(oo, optim, 0)),
       'activation_gradients': (np.maximum(self.act_grad_bytes,
                                           vocab['activation_gradients']), 0),
     }
@@ -318,7 +352,7 @@ class MemoryTerms:
     return np.where(te, self.block.act_offloadable_bytes,
                     self._act_block_bytes)
 
-  def _act_unmarked_for(self, inflight):
+  def _act_unmarked_for(self, inflight, blocks=None):
     """Stored activations that every block offloaded with
     ``activation_offload_layers`` 'all' keeps in tier 1 under
     ``activation_offload_scope`` 'te_marked' (the unmarked part of each
@@ -328,11 +362,11 @@ class MemoryTerms:
     if not np.any(te):
       return 0.0
     b = self.block
-    n = self.blocks_per_proc * inflight - 1
+    n = (self.blocks_per_proc if blocks is None else blocks) * inflight - 1
     kept = (b.act_storage_bytes - b.act_offloadable_bytes) * n
     return np.where(te & self.training, kept, 0)
 
-  def _stage_kinds(self, inflight, vocab):
+  def _stage_kinds(self, inflight, vocab, blocks=None):
     """(kinds, offloaded blocks) of a pipeline stage with ``inflight``
     microbatches in flight and the vocabulary parts ``vocab``.  With
     ``activation_offload_layers`` 'fit' the stage offloads the fewest
@@ -344,10 +378,11 @@ class MemoryTerms:
     microbatch 2, BF16: 20 at microbatch 1; B200: 5 of 80; Megatron-Bridge
     perf_recipes/llama/gb200/llama3.py, b200/llama3.py), and its
     performance guide tunes "the number of layers to offload" because
-    each costs transfers."""
-    kinds = self._kinds(self._act_bytes_for(inflight),
-                        self._checkpoint_bytes_for(inflight), vocab,
-                        self._act_unmarked_for(inflight))
+    each costs transfers.  ``blocks``: the stage's blocks (a layout's),
+    None: the busiest stage's."""
+    kinds = self._kinds(self._act_bytes_for(inflight, blocks),
+                        self._checkpoint_bytes_for(inflight, blocks), vocab,
+                        self._act_unmarked_for(inflight, blocks), blocks)
     fit = self._act_fit
     if not np.any(fit):
       return kinds, 0.0
@@ -356,7 +391,8 @@ class MemoryTerms:
     with np.errstate(divide='ignore', invalid='ignore'):
       need = np.ceil((kept - self.mem1_tensor_budget_bytes) / save)
     k = np.clip(np.where(save > 0, need, 0), 0,
-                np.maximum(self.blocks_per_proc - 1, 0))
+                np.maximum((self.blocks_per_proc if blocks is None
+                            else blocks) - 1, 0))
     k = np.where(fit & np.isfinite(k), k, 0)
     moved = k * save
     full = self.full_recompute
@@ -383,14 +419,46 @@ class MemoryTerms:
     t2 = t2 + o[1]
     return t1, t2
 
+  def _layout_blocks(self, which):
+    """Blocks of the rank with the embedding ('first') or the loss
+    ('last') where a layout gives them, the busiest rank's elsewhere;
+    None without a layout."""
+    lay = self.pipeline_layout
+    if lay is None:
+      return None
+    blocks = lay.first_blocks if which == 'first' else lay.last_blocks
+    return np.where(lay.given, blocks, self.blocks_per_proc)
+
   @cached_property
   def _first_stage(self):
-    return self._stage_kinds(self._inflight_factor, self.vocab_memory_first)
+    return self._stage_kinds(self._inflight_factor, self.vocab_memory_first,
+                             self._layout_blocks('first'))
 
   @cached_property
   def _last_stage(self):
     return self._stage_kinds(self._last_stage_inflight_factor,
-                             self.vocab_memory_last)
+                             self.vocab_memory_last,
+                             self._layout_blocks('last'))
+
+  @cached_property
+  def _middle_stage(self):
+    """With a layout, the busiest rank (its blocks, no vocabulary, the
+    first stage's microbatches in flight), which may hold more than
+    either end; None without a layout."""
+    if self.pipeline_layout is None:
+      return None
+    return self._stage_kinds(self._inflight_factor, _NO_VOCAB)
+
+  @cached_property
+  def _middle_binds(self):
+    """Where the busiest rank of a layout needs more tier-1 memory than
+    both ends (False without a layout)."""
+    if self._middle_stage is None:
+      return False
+    mid = self._tiers(self._middle_stage[0])[0]
+    return self.pipeline_layout.given & (self.pp > 2) & (
+      mid > np.maximum(self.first_stage_mem1_bytes,
+                       self.last_stage_mem1_bytes))
 
   @cached_property
   def first_stage_memory_by_kind(self):
@@ -412,10 +480,13 @@ class MemoryTerms:
     elsewhere."""
     if not np.any(self._act_fit):
       return 0.0
-    if not self.app.has_vocab:
+    if not self.app.has_vocab and self.pipeline_layout is None:
       return self._first_stage[1]
-    return np.where(self._last_binds, self._last_stage[1],
-                    self._first_stage[1])
+    out = np.where(self._last_binds, self._last_stage[1],
+                   self._first_stage[1])
+    if np.any(self._middle_binds):
+      out = np.where(self._middle_binds, self._middle_stage[1], out)
+    return out
 
   @cached_property
   def first_stage_mem1_bytes(self):
@@ -434,7 +505,7 @@ class MemoryTerms:
     """The last stage needs more tier-1 memory than the first.  Without a
     vocabulary it never does (same blocks, fewer microbatches in flight),
     so it is not computed."""
-    if not self.app.has_vocab:
+    if not self.app.has_vocab and self.pipeline_layout is None:
       return False
     return self.last_stage_mem1_bytes > self.first_stage_mem1_bytes
 
@@ -450,19 +521,29 @@ class MemoryTerms:
     :attr:`mem2_bytes`.)
     """
     first = self.first_stage_memory_by_kind
-    if not np.any(self._last_binds):
+    mb = self._middle_binds
+    if not np.any(self._last_binds) and not np.any(mb):
       return first
     last = self.last_stage_memory_by_kind
     lb = self._last_binds
-    return {k: (np.where(lb, last[k][0], first[k][0]),
-                np.where(lb, last[k][1], first[k][1])) for k in first}
+    out = {k: (np.where(lb, last[k][0], first[k][0]),
+               np.where(lb, last[k][1], first[k][1])) for k in first}
+    if np.any(mb):
+      mid = self._middle_stage[0]
+      out = {k: (np.where(mb, mid[k][0], out[k][0]),
+                 np.where(mb, mid[k][1], out[k][1])) for k in out}
+    return out
 
   @cached_property
   def _mem_reqs(self):
     first = self._tiers(self.first_stage_memory_by_kind)
-    if not self.app.has_vocab:
+    if not self.app.has_vocab and self.pipeline_layout is None:
       return first
     t1 = np.where(self._last_binds, self.last_stage_mem1_bytes, first[0])
+    if np.any(self._middle_binds):
+      mid = self._tiers(self._middle_stage[0])
+      return np.where(self._middle_binds, mid[0], t1), \
+        np.where(self._middle_binds, mid[1], first[1])
     return t1, first[1]
 
   @cached_property

@@ -33,6 +33,8 @@ Reads: ``app``, ``exe``, ``pp``, ``interleaving``, ``training``
 
 from functools import cached_property
 
+from collections import namedtuple
+
 import numpy as np
 
 from calculon.llm.terms import schedules
@@ -63,9 +65,26 @@ class ScheduleTerms:
   @cached_property
   def vocab_in_split(self):
     """True where the pipeline split counts the embedding and the LM head
-    as a block each (``pipeline_split_counts_vocab``, PP > 1; see
-    ``blocks_per_proc`` and ``vocab_time_s``)."""
-    return self.exe.pipeline_split_counts_vocab & (self.pp > 1)
+    as a block each (``pipeline_split_counts_vocab``, PP > 1, no layout;
+    see ``blocks_per_proc`` and ``vocab_time_s``)."""
+    split = self.exe.pipeline_split_counts_vocab & (self.pp > 1)
+    if self.pipeline_layout is None:
+      return split
+    return split & ~self.pipeline_layout.given
+
+  @cached_property
+  def pipeline_layout(self):
+    """The uneven stages of ``pipeline_first_stage_blocks`` and
+    ``pipeline_last_stage_blocks`` (:func:`stage_layout`), or None when no
+    execution sets either (Calculon's even split)."""
+    e = self.exe
+    first = np.asarray(e.pipeline_first_stage_blocks)
+    last = np.asarray(e.pipeline_last_stage_blocks)
+    if not (np.any(first != schedules.UNSET) or
+            np.any(last != schedules.UNSET)):
+      return None
+    return stage_layout(self.app.num_blocks, self.pp, self.interleaving,
+                        first, last, self.pipeline_schedule)
 
   @cached_property
   def _pipeline_split(self):
@@ -78,8 +97,14 @@ class ScheduleTerms:
     stages give one slot each to them (see vocab_time_s)."""
     nb = self.app.num_blocks + np.where(self.vocab_in_split, 2, 0)
     rem = nb % self.pp
-    return (nb // self.pp + (rem != 0),
-            np.where(rem != 0, self.pp - rem, 0))
+    bpp, red = (nb // self.pp + (rem != 0),
+                np.where(rem != 0, self.pp - rem, 0))
+    lay = self.pipeline_layout
+    if lay is None:
+      return bpp, red
+    # A layout's busiest rank, and the blocks the others hold less.
+    return (np.where(lay.given, lay.blocks_per_proc, bpp),
+            np.where(lay.given, lay.reduction_blocks, red))
 
   @cached_property
   def blocks_per_proc(self):
@@ -210,7 +235,10 @@ class ScheduleTerms:
     lower bounds of them (the bubble grows with each: its coefficients,
     (PP - 1 + extra) (blocks per chunk - 1) - reduction / 2 and
     PP - 1 + extra - reduction / 2, are >= 0 since the reduction is at
-    most PP - 1 blocks).
+    most PP - 1 blocks).  With a layout (:attr:`pipeline_layout`), the
+    other ranks' stage times over VP: (PP - 1) edge blocks and (L - busiest
+    - (PP - 1) VP) / VP base blocks, each >= 0 (every stage holds a
+    block).
 
     (PP - 1) chunk times (forward + backward), as in Narayanan et al. SC'21
     eq. 1 per chunk.  With interleaving and a microbatch count that is not a
@@ -241,6 +269,17 @@ class ScheduleTerms:
     missing = nmb % pp
     extra = np.where(missing != 0, (self.interleaving - 1) * (pp - missing), 0)
     bubble = (pp - 1) * chunk_time + (extra * chunk_time - reduction)
+    lay = self.pipeline_layout
+    if lay is not None:
+      # Uneven stages: the other ranks' stage times over VP (each chunk of
+      # a rank one edge block, the rest base blocks), as the even split's
+      # (PP - 1) chunk times less the blocks they lack; its coefficients
+      # are >= 0 as every stage holds a block.
+      others = (self.app.num_blocks - self.blocks_per_proc) / \
+        self.interleaving - (pp - 1)
+      uneven = (pp - 1) * (edge_fw + edge_bw) + others * (base_fw + base_bw) \
+        + extra * chunk_time
+      bubble = np.where(lay.given, uneven, bubble)
     sched = self.pipeline_schedule
     if not schedules.any_new(sched):
       return bubble
@@ -257,3 +296,74 @@ class ScheduleTerms:
     of the base and edge blocks' forward and backward times."""
     return self.bubble_s(self.baseblock_fw_time_s, self.edgeblock_fw_time_s,
                          self.baseblock_bw_time_s, self.edgeblock_bw_time_s)
+
+
+#: The ranks' blocks of a pipeline layout (:func:`stage_layout`): where a
+#: layout is given (bool), the busiest rank's blocks, the blocks the other
+#: ranks hold less in all (p x busiest - L), and the blocks of the rank
+#: with the embedding (``first_blocks``) and of the rank with the loss
+#: (``last_blocks``).
+StageLayout = namedtuple('StageLayout', 'given blocks_per_proc '
+                         'reduction_blocks first_blocks last_blocks')
+
+
+def stage_layout(num_blocks, pp, vp, first, last, schedule):
+  """The ranks' blocks of uneven stages.
+
+  The PP x VP (virtual) stages hold ``first`` blocks (the first stage,
+  with the embedding), ``last`` (the last, with the LM head and the loss)
+  and the rest of the ``num_blocks`` split evenly over the other stages
+  (``first`` / ``last`` UNSET: that stage takes the even share too), as
+  Megatron-Core splits them with num_layers_in_first_pipeline_stage and
+  num_layers_in_last_pipeline_stage (megatron/core/transformer/
+  transformer_config.py; the layout string of
+  megatron/core/transformer/pipeline_parallel_layer_layout.py, b1030e9dd,
+  with the embedding on the first stage and the loss on the last).  Rank r
+  holds stages r, r + PP, ... (Narayanan et al.'s interleaving); the V
+  schedules ('zbv', 'dualpipe-v') put stages r and 2 PP - 1 - r on rank r,
+  so rank 0 holds the first and the last stage (PyTorch
+  torch/distributed/pipelining/_utils.py generate_rank_to_stage_mapping
+  style 'v').
+
+  Args (int arrays, broadcast): the application's blocks, PP, VP, the
+  first and last stages' blocks (UNSET: not given), the schedule codes
+  (:func:`~calculon.llm.terms.schedules.effective`).
+
+  Returns:
+    :class:`StageLayout` (arrays).  Where the stages do not split evenly
+    the counts are those of the floor share; the execution is refused
+    before (:func:`calculon.llm.engine.check_compatible`).
+  """
+  fg, lg = first != schedules.UNSET, last != schedules.UNSET
+  given = (fg | lg) & (pp > 1)
+  stages = pp * vp
+  rest = np.maximum(stages - fg - lg, 1)
+  fb, lb = np.where(fg, first, 0), np.where(lg, last, 0)
+  mid = np.maximum(num_blocks - fb - lb, 0) // rest
+  f = np.where(fg, first, mid)
+  l = np.where(lg, last, mid)
+  vee = schedules.v_shape(schedule)
+  r0 = np.where(vee, f + l, f + (vp - 1) * mid)
+  rl = np.where(vee, 2 * mid, l + (vp - 1) * mid)
+  inner = np.where(pp > 2, vp * mid, 0)
+  bpp = np.maximum(np.maximum(r0, rl), inner)
+  return StageLayout(given, bpp, pp * bpp - num_blocks, r0,
+                     np.where(vee, r0, rl))
+
+
+def layout_violation(num_blocks, pp, vp, first, last, schedule):
+  """Why a layout cannot run (int array, 0: it can or none is given): 1
+  with PP = 1, 2 with 'dualpipe' (its ranks hold two stages each, a
+  layout of which is not modeled), 3 where the other PP x VP stages do
+  not split the blocks left evenly, at least one each (Megatron-Core
+  transformer_config.py: the layers left to the middle stages divide
+  evenly among them).  Args as :func:`stage_layout`'s."""
+  fg, lg = first != schedules.UNSET, last != schedules.UNSET
+  given = fg | lg
+  rest = pp * vp - fg - lg
+  left = num_blocks - np.where(fg, first, 0) - np.where(lg, last, 0)
+  uneven = np.where(rest > 0, (left < rest) | (
+    left % np.maximum(rest, 1) != 0), left != 0)
+  return np.select([given & (pp == 1),
+                    given & (schedule == schedules.DUALPIPE),
+                    given & uneven], [1, 2, 3], 0)

@@ -262,6 +262,12 @@ def in_flight(schedule, pp, nmb, legacy_first, legacy_last):
     np.minimum(last, np.maximum(nmb, 1))
 
 
+def v_shape(schedule):
+  """True where a rank holds stages r and 2 PP - 1 - r (the V: 'zbv',
+  'dualpipe-v')."""
+  return np.isin(np.asarray(schedule), (ZBV, DUALPIPE_V))
+
+
 def param_copies(schedule):
   """Copies of its stage's parameters (and their gradients and optimizer
   state) a rank holds: 2 for 'dualpipe', else 1."""

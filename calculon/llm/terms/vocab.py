@@ -111,9 +111,17 @@ class VocabTerms:
     included; offload overheads left out, so the term never shrinks as
     they grow), and the steady state adds max(E - b, H - b, 0), never
     running faster than the middle stages.
+
+    With a layout (``pipeline_first_stage_blocks``,
+    ``pipeline_last_stage_blocks``) the rank with the embedding holds d1
+    blocks fewer than the busiest rank and the one with the loss d2
+    (:func:`~calculon.llm.terms.schedule.stage_layout`): E and H become
+    max(E - d1 b, 0) and max(H - d2 b, 0), a lighter end stage adding
+    nothing; on one rank (the V schedules) the two ends add max(E + H -
+    d1 b, 0) each microbatch.
     """
     block_s = 0.0
-    if np.any(self.vocab_in_split):
+    if np.any(self.vocab_in_split) or self.pipeline_layout is not None:
       # The end stages run E and H in place of one block each.
       block_s = self.baseblock_fw_time_no_offload_s + np.where(
         self.training, self.baseblock_bw_time_no_offload_s, 0)
@@ -137,6 +145,17 @@ class VocabTerms:
     nmb = self.num_microbatches
     out = np.where(self.pp > 1, (nmb - 1) * steady + e + h, nmb * (e + h))
     ends = self._ends_on_one_rank
+    lay = self.pipeline_layout
+    if lay is not None:
+      e0 = self._stage_time_s(self.embed)
+      h0 = self._stage_time_s(self.head)
+      d1 = (self.blocks_per_proc - lay.first_blocks) * block_s
+      d2 = (self.blocks_per_proc - lay.last_blocks) * block_s
+      e1, h1 = np.maximum(e0 - d1, 0), np.maximum(h0 - d2, 0)
+      uneven = (nmb - 1) * np.maximum(e1, h1) + e1 + h1
+      if ends is not None:
+        uneven = np.where(ends, nmb * np.maximum(e0 + h0 - d1, 0), uneven)
+      out = np.where(lay.given, uneven, out)
     if ends is None:
       return out
     # One rank runs both ends (the schedule table): the V schedules' first
@@ -145,6 +164,8 @@ class VocabTerms:
     # direction's half of the losses.
     both = np.where(self.pipeline_schedule == schedules.DUALPIPE,
                     (nmb + 1) / 2, nmb) * (e + h)
+    if lay is not None:
+      ends = ends & ~lay.given
     return np.where(ends, both, out)
 
   @cached_property
