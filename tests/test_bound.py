@@ -249,3 +249,26 @@ def test_bounds_over_every_pipeline_schedule():
       for seed in range(3):
         checked += check_bounds(spec, wide, 100 + 3 * i + seed)
   assert checked > 0
+
+
+def test_bounds_with_uneven_stages():
+  """A layout (4 blocks on the first and the last rank of Llama 3 8B's
+  32) over every schedule: the level-1 bound keeps the bubble of the
+  other ranks' stages and bounds the end stages' vocabulary term by 0."""
+  import dataclasses
+  from calculon.config.registry import PIPELINE_SCHEDULE_NAMES
+  from calculon.config.execution import UNSET
+  codes = [UNSET] + list(range(len(PIPELINE_SCHEDULE_NAMES)))
+  spec = S.SearchSpec(app=_app('llama3-8B'), system=_system('h100_sxm_80g'),
+                      num_procs=64, max_batch_size=256, datatype='bfloat16',
+                      framework='common',
+                      fields={'pipeline_first_stage_blocks': 4,
+                              'pipeline_last_stage_blocks': 4})
+  checked = 0
+  for g in [g for g in S.groups(spec) if g.size and g.pp == 4][:4]:
+    values = dict(g.values, pipeline_schedule=codes,
+                  pipeline_interleaving=[1, 2])
+    wide = dataclasses.replace(g, values=values)
+    for seed in range(3):
+      checked += check_bounds(spec, wide, 200 + seed)
+  assert checked > 0

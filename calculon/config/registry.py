@@ -348,36 +348,37 @@ EXECUTION = (
       '(3da1bbea5); PyTorch torch/distributed/pipelining/schedules.py '
       '(00722e648b) get_schedule_class'),
   _ex('pipeline_first_stage_blocks', _INT1, 'schedule',
-      'uneven pipeline stages: transformer blocks of the first (virtual) '
-      'stage, the one with the embedding; the stages neither this nor '
-      'pipeline_last_stage_blocks sets split the remaining blocks evenly '
-      '(PP x VP stages; with the V schedules, zbv and dualpipe-v, the first '
-      "and the last stage are both the first rank's); every stage holds at "
-      'least one block. Megatron-Core: '
-      '--decoder-first-pipeline-num-layers N, or '
-      "pipeline_model_parallel_layout 'E' + N x 't' + '|' + the middle "
-      "stages' 't's, each stage ended by '|', + the last stage's 't's + "
-      "'L'; torchtitan: module_fqns_per_model_part with tok_embeddings and "
-      'N layers in the first part', absent=None,
+      'uneven pipeline stages: transformer blocks of the first pipeline '
+      'rank, the one with the embedding, over its pipeline_interleaving '
+      'chunks (a multiple of it); the ranks neither this nor '
+      'pipeline_last_stage_blocks sets split the remaining blocks evenly. '
+      'Megatron-Core: TransformerConfig num_layers_in_first_pipeline_stage '
+      '(Megatron-LM --decoder-first-pipeline-num-layers N), or the '
+      "pipeline_model_parallel_layout 'E', N x 't' over the first rank's "
+      "virtual stages, each ended by '|'; torchtitan: "
+      'module_fqns_per_model_part, tok_embeddings and N layers in the first '
+      "rank's parts", absent=None,
       absent_doc='the even split (Calculon: blocks / PP rounded up, the '
       'later stages one block less where PP does not divide them)',
       unit='blocks',
-      source='Megatron-Core megatron/core/transformer/transformer_config.py '
-      'num_layers_in_first_pipeline_stage; megatron/core/transformer/'
-      'pipeline_parallel_layer_layout.py (b1030e9dd) '
-      'PipelineParallelLayerLayout; torchtitan torchtitan/config/configs.py '
-      '(b5bcd76c6) module_fqns_per_model_part, '
-      'pipeline_parallel_first_stage_less_layers'),
+      source='Megatron-Core megatron/core/transformer/transformer_block.py '
+      'get_num_layers_to_build (num_layers_in_first_pipeline_stage // '
+      'vp_size a virtual chunk, the middle layers over the middle ranks); '
+      'megatron/core/transformer/pipeline_parallel_layer_layout.py '
+      '(b1030e9dd); torchtitan torchtitan/config/configs.py (b5bcd76c6) '
+      'module_fqns_per_model_part, pipeline_parallel_first_stage_less_layers'),
   _ex('pipeline_last_stage_blocks', _INT1, 'schedule',
-      'uneven pipeline stages: transformer blocks of the last (virtual) '
-      'stage, the one with the LM head and the loss (see '
-      'pipeline_first_stage_blocks). Megatron-Core: '
-      "--decoder-last-pipeline-num-layers N, or the layout's last stage "
-      "N x 't' + 'L'; torchtitan: module_fqns_per_model_part with N layers, "
-      'norm and output in the last part', absent=None,
+      'uneven pipeline stages: transformer blocks of the last pipeline rank '
+      '(the one with the LM head and the loss, but with the V schedules, '
+      'zbv and dualpipe-v, which run both ends on the first rank), over its '
+      'chunks; see pipeline_first_stage_blocks. Megatron-Core: '
+      'num_layers_in_last_pipeline_stage (--decoder-last-pipeline-num-layers '
+      "N), or the layout's last rank N x 't' then 'L'; torchtitan: "
+      "module_fqns_per_model_part, N layers, norm and output in the last "
+      "rank's parts", absent=None,
       absent_doc='the even split (Calculon)', unit='blocks',
-      source='Megatron-Core transformer_config.py '
-      'num_layers_in_last_pipeline_stage; torchtitan '
+      source='Megatron-Core transformer_block.py get_num_layers_to_build '
+      '(num_layers_in_last_pipeline_stage); torchtitan '
       'pipeline_parallel_last_stage_less_layers'),
   # -- framework behaviours -------------------------------------------------------
   _beh('checkpoint_layout', _choice(CHECKPOINT_LAYOUT_NAMES), 'memory',

@@ -142,16 +142,17 @@ def _check_layout(app, exe, shape, where, source):
   elif c == 2:
     why = ('not with pipeline_schedule "dualpipe" (a rank holds its stage '
            'and the mirrored one)')
-  else:
-    stages = int(_at(pp * vp, shape, i))
+  elif c == 3:
     given = int(bool(_at(fg, shape, i))) + int(
       bool(_at(last != schedules.UNSET, shape, i)))
     left = app.num_blocks - int(_at(np.where(fg, first, 0), shape, i)) - \
       int(_at(np.where(last != schedules.UNSET, last, 0), shape, i))
-    why = (f'the other {stages - given} of the {stages} stages '
-           '(pipeline_par x pipeline_interleaving) must split the '
-           f"{left} blocks left of the application's {app.num_blocks} "
-           'evenly, at least one each')
+    why = (f'the other {int(_at(pp, shape, i)) - given} pipeline ranks must '
+           f"split the {left} blocks left of the application's "
+           f'{app.num_blocks} evenly')
+  else:
+    why = ("every rank's blocks must be a multiple of pipeline_interleaving "
+           f'= {int(_at(vp, shape, i))} (at least one block a chunk)')
   raise ConfigError(
     f"{source}:{where(i)} field '{name}' = {value} is not allowed: {why}",
     source=source, field=name, value=value)

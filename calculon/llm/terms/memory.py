@@ -445,9 +445,11 @@ class MemoryTerms:
     """With a layout, the busiest rank (its blocks, no vocabulary, the
     first stage's microbatches in flight), which may hold more than
     either end; None without a layout."""
-    if self.pipeline_layout is None:
+    lay = self.pipeline_layout
+    if lay is None:
       return None
-    return self._stage_kinds(self._inflight_factor, _NO_VOCAB)
+    return self._stage_kinds(self._inflight_factor, _NO_VOCAB, np.where(
+      lay.given, lay.middle_blocks, self.blocks_per_proc))
 
   @cached_property
   def _middle_binds(self):

@@ -300,70 +300,73 @@ class ScheduleTerms:
 
 #: The ranks' blocks of a pipeline layout (:func:`stage_layout`): where a
 #: layout is given (bool), the busiest rank's blocks, the blocks the other
-#: ranks hold less in all (p x busiest - L), and the blocks of the rank
-#: with the embedding (``first_blocks``) and of the rank with the loss
-#: (``last_blocks``).
+#: ranks hold less in all (PP x busiest - L), the blocks of the rank with
+#: the embedding (``first_blocks``), of the rank with the loss
+#: (``last_blocks``) and of a middle rank (``middle_blocks``).
 StageLayout = namedtuple('StageLayout', 'given blocks_per_proc '
-                         'reduction_blocks first_blocks last_blocks')
+                         'reduction_blocks first_blocks last_blocks '
+                         'middle_blocks')
+
+
+def _layout_counts(num_blocks, pp, first, last):
+  """(first given, last given, middle ranks, blocks left to them)."""
+  fg, lg = first != schedules.UNSET, last != schedules.UNSET
+  rest = pp - fg - lg
+  left = num_blocks - np.where(fg, first, 0) - np.where(lg, last, 0)
+  return fg, lg, rest, left
 
 
 def stage_layout(num_blocks, pp, vp, first, last, schedule):
-  """The ranks' blocks of uneven stages.
+  """The ranks' blocks of uneven pipeline stages.
 
-  The PP x VP (virtual) stages hold ``first`` blocks (the first stage,
-  with the embedding), ``last`` (the last, with the LM head and the loss)
-  and the rest of the ``num_blocks`` split evenly over the other stages
-  (``first`` / ``last`` UNSET: that stage takes the even share too), as
-  Megatron-Core splits them with num_layers_in_first_pipeline_stage and
-  num_layers_in_last_pipeline_stage (megatron/core/transformer/
-  transformer_config.py; the layout string of
-  megatron/core/transformer/pipeline_parallel_layer_layout.py, b1030e9dd,
-  with the embedding on the first stage and the loss on the last).  Rank r
-  holds stages r, r + PP, ... (Narayanan et al.'s interleaving); the V
-  schedules ('zbv', 'dualpipe-v') put stages r and 2 PP - 1 - r on rank r,
-  so rank 0 holds the first and the last stage (PyTorch
-  torch/distributed/pipelining/_utils.py generate_rank_to_stage_mapping
-  style 'v').
+  The first pipeline rank holds ``first`` blocks (with the embedding),
+  the last ``last``, and the other ranks split the rest of the
+  ``num_blocks`` evenly (``first`` / ``last`` UNSET: that rank takes the
+  even share too); each rank's blocks are split evenly over its VP
+  chunks.  This is Megatron-Core's TransformerConfig
+  num_layers_in_first_pipeline_stage and num_layers_in_last_pipeline_stage
+  (Megatron-LM --decoder-first-pipeline-num-layers,
+  --decoder-last-pipeline-num-layers; megatron/core/transformer/
+  transformer_block.py get_num_layers_to_build: a rank's layers // VP a
+  virtual chunk, the middle layers over the middle ranks).  The loss runs
+  on the last rank, or with the V schedules ('zbv', 'dualpipe-v': rank r
+  holds stages r and 2 PP - 1 - r) on the first.
 
   Args (int arrays, broadcast): the application's blocks, PP, VP, the
-  first and last stages' blocks (UNSET: not given), the schedule codes
+  first and last ranks' blocks (UNSET: not given), the schedule codes
   (:func:`~calculon.llm.terms.schedules.effective`).
 
   Returns:
-    :class:`StageLayout` (arrays).  Where the stages do not split evenly
-    the counts are those of the floor share; the execution is refused
-    before (:func:`calculon.llm.engine.check_compatible`).
+    :class:`StageLayout` (arrays); counts of the floor share where the
+    ranks do not split evenly (such an execution is refused before:
+    :func:`layout_violation`).
   """
-  fg, lg = first != schedules.UNSET, last != schedules.UNSET
+  fg, lg, rest, left = _layout_counts(num_blocks, pp, first, last)
   given = (fg | lg) & (pp > 1)
-  stages = pp * vp
-  rest = np.maximum(stages - fg - lg, 1)
-  fb, lb = np.where(fg, first, 0), np.where(lg, last, 0)
-  mid = np.maximum(num_blocks - fb - lb, 0) // rest
-  f = np.where(fg, first, mid)
-  l = np.where(lg, last, mid)
-  vee = schedules.v_shape(schedule)
-  r0 = np.where(vee, f + l, f + (vp - 1) * mid)
-  rl = np.where(vee, 2 * mid, l + (vp - 1) * mid)
-  inner = np.where(pp > 2, vp * mid, 0)
+  mid = np.maximum(left, 0) // np.maximum(rest, 1)
+  r0 = np.where(fg, first, mid)
+  rl = np.where(lg, last, mid)
+  inner = np.where(pp > 2, mid, 0)
   bpp = np.maximum(np.maximum(r0, rl), inner)
+  vee = schedules.v_shape(schedule)
   return StageLayout(given, bpp, pp * bpp - num_blocks, r0,
-                     np.where(vee, r0, rl))
+                     np.where(vee, r0, rl), np.where(pp > 2, mid, bpp))
 
 
 def layout_violation(num_blocks, pp, vp, first, last, schedule):
-  """Why a layout cannot run (int array, 0: it can or none is given): 1
-  with PP = 1, 2 with 'dualpipe' (its ranks hold two stages each, a
-  layout of which is not modeled), 3 where the other PP x VP stages do
-  not split the blocks left evenly, at least one each (Megatron-Core
-  transformer_config.py: the layers left to the middle stages divide
-  evenly among them).  Args as :func:`stage_layout`'s."""
-  fg, lg = first != schedules.UNSET, last != schedules.UNSET
+  """Why a layout cannot run (int array; 0: it can, or none is given): 1
+  with PP = 1; 2 with 'dualpipe' (its ranks hold two stages each, a layout
+  of which is not modeled); 3 where the other ranks cannot split the
+  blocks left evenly; 4 where a rank's blocks are not a multiple of VP
+  (at least one block a chunk: Megatron-Core splits a rank's layers
+  evenly over its virtual chunks).  Args as :func:`stage_layout`'s."""
+  fg, lg, rest, left = _layout_counts(num_blocks, pp, first, last)
   given = fg | lg
-  rest = pp * vp - fg - lg
-  left = num_blocks - np.where(fg, first, 0) - np.where(lg, last, 0)
-  uneven = np.where(rest > 0, (left < rest) | (
-    left % np.maximum(rest, 1) != 0), left != 0)
+  uneven = np.where(rest > 0, (left < 0) | (left % np.maximum(rest, 1) != 0),
+                    left != 0)
+  mid = np.maximum(left, 0) // np.maximum(rest, 1)
+  chunks = (fg & (first % vp != 0)) | (lg & (last % vp != 0)) | (
+    (rest > 0) & ((mid < vp) | (mid % vp != 0)))
   return np.select([given & (pp == 1),
                     given & (schedule == schedules.DUALPIPE),
-                    given & uneven], [1, 2, 3], 0)
+                    given & uneven, given & chunks], [1, 2, 3, 4], 0)
