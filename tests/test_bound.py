@@ -253,8 +253,10 @@ def test_bounds_over_every_pipeline_schedule():
 
 def test_bounds_with_uneven_stages():
   """A layout (4 blocks on the first and the last rank of Llama 3 8B's
-  32) over every schedule: the level-1 bound keeps the bubble of the
-  other ranks' stages and bounds the end stages' vocabulary term by 0."""
+  32, the two middle ranks 12 each: PP 4, where PP 2 would leave 24
+  blocks to no rank and is refused) over every schedule: the level-1
+  bound keeps the bubble of the other ranks' stages and bounds the end
+  stages' vocabulary term by 0."""
   import dataclasses
   from calculon.config.registry import PIPELINE_SCHEDULE_NAMES
   from calculon.config.execution import UNSET
