@@ -296,3 +296,49 @@ def test_layout_field_round_trips_as_json():
   back = ExecutionColumns.from_frame(frame)
   assert list(back.pipeline_last_stage_blocks) == [3, -1]   # -1: left out
   assert 'pipeline_first_stage_blocks' not in frame.columns
+
+
+def test_uneven_stages_are_per_rank_over_its_chunks():
+  """With VP 2 the fields count a rank's blocks, as Megatron-Core's
+  num_layers_in_first/last_pipeline_stage do (transformer_block.py
+  get_num_layers_to_build: a rank's layers // VP a chunk): 4 + 4 on the
+  end ranks leave (80 - 8) / 6 = 12 to each middle rank, 6 a chunk; 7 is
+  refused, not a multiple of VP."""
+  ev = evaluation(LLAMA3_70B, H100, pipeline_first_stage_blocks=4,
+                  pipeline_last_stage_blocks=4,
+                  **dict(L70, pipeline_interleaving=2))
+  assert value(ev.blocks_per_proc) == 12
+  assert value(ev.blocks_per_chunk) == 6
+  assert value(ev.pipeline_layout.first_blocks) == 4
+  assert value(ev.pipeline_layout.last_blocks) == 4
+  with pytest.raises(ConfigError) as err:
+    evaluation(LLAMA3_70B, H100, pipeline_first_stage_blocks=7,
+               pipeline_last_stage_blocks=7,
+               **dict(L70, pipeline_interleaving=2))
+  assert 'multiple of pipeline_interleaving = 2' in str(err.value)
+
+
+def test_layout_string_the_registry_documents():
+  """The registry's Megatron-Core pipeline_model_parallel_layout example
+  for Llama 3 70B, PP 8, 7 blocks on each end rank, unrolled as
+  PipelineParallelLayerLayout.parse_str_to_list does (b1030e9dd: '(..)*n'
+  then 'x*n', stages split at '|', stage v PP + r on rank r), holds the
+  blocks per rank the engine prices: 7, six times 11, 7."""
+  import re
+  from calculon.config.registry import EXECUTION
+  doc = next(f for f in EXECUTION
+             if f.name == 'pipeline_first_stage_blocks').doc
+  layout = re.search(r"'(Et\*7[^']*)'", doc).group(1)
+  s = layout.replace(',', '')
+  s = re.sub(r'\(([^)]+)\)\*(\d+)', lambda m: m.group(1) * int(m.group(2)), s)
+  s = re.sub(r'(.)\*(\d+)', lambda m: m.group(1) * int(m.group(2)), s)
+  stages = s.split('|')
+  assert stages[0][0] == 'E' and stages[-1][-1] == 'L'
+  counts = [st.count('t') for st in stages]
+  assert counts == [7] + [11] * 6 + [7]
+  ev = evaluation(LLAMA3_70B, H100, pipeline_first_stage_blocks=7,
+                  pipeline_last_stage_blocks=7, **L70)
+  assert sum(counts) == LLAMA3_70B.num_blocks
+  assert value(ev.blocks_per_proc) == max(counts)
+  assert value(ev.pipeline_layout.first_blocks) == counts[0]
+  assert value(ev.pipeline_layout.last_blocks) == counts[-1]

@@ -354,8 +354,14 @@ EXECUTION = (
       'pipeline_last_stage_blocks sets split the remaining blocks evenly. '
       'Megatron-Core: TransformerConfig num_layers_in_first_pipeline_stage '
       '(Megatron-LM --decoder-first-pipeline-num-layers N), or the '
-      "pipeline_model_parallel_layout 'E', N x 't' over the first rank's "
-      "virtual stages, each ended by '|'; torchtitan: "
+      'pipeline_model_parallel_layout string: PP x VP stages separated by '
+      "'|', stage v PP + r being rank r's chunk v (v = 0 .. VP - 1), each "
+      "stage its blocks as 't' (x*n repeats x n times, (...)*n a group, "
+      "commas ignored), 'E' opening stage 0 and 'L' closing the last; with "
+      'F first-rank, M middle-rank and L last-rank blocks, for each v: '
+      "F/VP x 't', then M/VP x 't' for each of the PP - 2 middle ranks, "
+      "then L/VP x 't' (Llama 3 70B, PP 8, F = L = 7: "
+      "'Et*7|(t*11|)*6t*7L'); torchtitan: "
       'module_fqns_per_model_part, tok_embeddings and N layers in the first '
       "rank's parts", absent=None,
       absent_doc='the even split (Calculon: blocks / PP rounded up, the '
@@ -365,15 +371,18 @@ EXECUTION = (
       'get_num_layers_to_build (num_layers_in_first_pipeline_stage // '
       'vp_size a virtual chunk, the middle layers over the middle ranks); '
       'megatron/core/transformer/pipeline_parallel_layer_layout.py '
-      '(b1030e9dd); torchtitan torchtitan/config/configs.py (b5bcd76c6) '
-      'module_fqns_per_model_part, pipeline_parallel_first_stage_less_layers'),
+      '(b1030e9dd) PipelineParallelLayerLayout.__init__ (stage v PP + r '
+      'on rank r) and parse_str_to_list; torchtitan '
+      'torchtitan/config/configs.py (b5bcd76c6) module_fqns_per_model_part, '
+      'pipeline_parallel_first_stage_less_layers'),
   _ex('pipeline_last_stage_blocks', _INT1, 'schedule',
       'uneven pipeline stages: transformer blocks of the last pipeline rank '
       '(the one with the LM head and the loss, but with the V schedules, '
       'zbv and dualpipe-v, which run both ends on the first rank), over its '
       'chunks; see pipeline_first_stage_blocks. Megatron-Core: '
       'num_layers_in_last_pipeline_stage (--decoder-last-pipeline-num-layers '
-      "N), or the layout's last rank N x 't' then 'L'; torchtitan: "
+      "N), or the layout's last rank N/VP x 't' a chunk, 'L' after its "
+      "last (see pipeline_first_stage_blocks); torchtitan: "
       "module_fqns_per_model_part, N layers, norm and output in the last "
       "rank's parts", absent=None,
       absent_doc='the even split (Calculon)', unit='blocks',
