@@ -50,7 +50,8 @@ def value_of(name, code):
   if f.spec.kind == 'bool':
     return bool(code)
   if f.spec.kind == 'int':
-    return int(code)
+    # An integer left out (absent None) is coded UNSET.
+    return None if f.absent is None and int(code) == UNSET else int(code)
   return float(code)
 
 
