@@ -139,11 +139,23 @@ def _open(path, mode):
   return open(path, mode, encoding='utf-8')
 
 
+def _absent_new_field(path, name, value):
+  """An execution field the snapshot predates, at the value its absence
+  means: nothing the snapshot recorded changes."""
+  if not path.endswith('/execution'):
+    return False
+  from calculon.config import registry
+  f = registry.FIELDS['execution'].get(name)
+  return f is not None and not f.required and value == f.absent
+
+
 def diff(a, b, path=''):
   """Differences between two snapshots, as text lines."""
   out = []
   if isinstance(a, dict) and isinstance(b, dict):
     for k in sorted(set(a) | set(b)):
+      if k not in a and _absent_new_field(path, k, b[k]):
+        continue
       if k not in a:
         out.append(f'{path}/{k}: new {b[k]!r}'[:300])
       elif k not in b:

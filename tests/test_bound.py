@@ -175,7 +175,7 @@ def test_bounds_on_every_concern():
   expert parallelism, the host overheads), so each is covered whatever
   hypothesis draws."""
   assert [c.name for c in Evaluation.CONCERNS] == [
-    'host optimizer step', 'context parallelism', 'fsdp', 'vocabulary', 'expert parallelism',
+    'pipeline schedule', 'host optimizer step', 'context parallelism', 'fsdp', 'vocabulary', 'expert parallelism',
     'host overheads']
   spec, groups = _groups('qwen3-30B-A3B', 'h100_sxm_80g', 64,
                          256, 'bfloat16')
@@ -220,3 +220,57 @@ def test_level_one_extra_is_below_the_summed_extra():
     assert np.any(exact > 0)
     ratio = lower[exact > 0] / exact[exact > 0]
     assert np.median(ratio) > 0.99
+
+
+def test_bounds_over_every_pipeline_schedule():
+  """Every schedule of the schedule table (calculon/llm/terms/schedules.py)
+  on the grids of groups with PP > 1 (a dense and a MoE model; the
+  schedule axis widened to all of them, whatever a preset ships): the
+  level-1 bound, with each schedule's bubble of the blocks' lower bounds
+  and their exact weight-gradient time, and the level-2 bound stay above
+  every priced rate."""
+  import dataclasses
+  from calculon.config.registry import PIPELINE_SCHEDULE_NAMES
+  from calculon.config.execution import UNSET
+  codes = [UNSET] + list(range(len(PIPELINE_SCHEDULE_NAMES)))
+  checked = 0
+  for model, procs, batch in (('llama3-8B', 64, 256),
+                              ('qwen3-30B-A3B', 64, 256)):
+    # 'common' allows every option (torchtitan ships neither ZB-H1 nor
+    # DualPipe).
+    spec, groups = _groups(model, 'h100_sxm_80g', procs, batch, 'bfloat16',
+                           'common')
+    picked = [g for g in groups if g.pp in (2, 4)][:3]
+    assert picked
+    for i, g in enumerate(picked):
+      values = dict(g.values, pipeline_schedule=codes,
+                    pipeline_interleaving=[1, 2])
+      wide = dataclasses.replace(g, values=values)
+      for seed in range(3):
+        checked += check_bounds(spec, wide, 100 + 3 * i + seed)
+  assert checked > 0
+
+
+def test_bounds_with_uneven_stages():
+  """A layout (4 blocks on the first and the last rank of Llama 3 8B's
+  32, the two middle ranks 12 each: PP 4, where PP 2 would leave 24
+  blocks to no rank and is refused) over every schedule: the level-1
+  bound keeps the bubble of the other ranks' stages and bounds the end
+  stages' vocabulary term by 0."""
+  import dataclasses
+  from calculon.config.registry import PIPELINE_SCHEDULE_NAMES
+  from calculon.config.execution import UNSET
+  codes = [UNSET] + list(range(len(PIPELINE_SCHEDULE_NAMES)))
+  spec = S.SearchSpec(app=_app('llama3-8B'), system=_system('h100_sxm_80g'),
+                      num_procs=64, max_batch_size=256, datatype='bfloat16',
+                      framework='common',
+                      fields={'pipeline_first_stage_blocks': 4,
+                              'pipeline_last_stage_blocks': 4})
+  checked = 0
+  for g in [g for g in S.groups(spec) if g.size and g.pp == 4][:4]:
+    values = dict(g.values, pipeline_schedule=codes,
+                  pipeline_interleaving=[1, 2])
+    wide = dataclasses.replace(g, values=values)
+    for seed in range(3):
+      checked += check_bounds(spec, wide, 200 + seed)
+  assert checked > 0

@@ -327,7 +327,8 @@ class ExecutionColumns:
       if value is None:
         value = np.float64(default) if spec.kind == 'number' else \
           np.bool_(default) if spec.kind == 'bool' else \
-          np.int64(default if names is None else _code(names, default))
+          np.int64(_code(names, default) if names is not None or
+                   default is None else default)
       setattr(self, name, value)
     if self.optimizer_sharding is None:
       self.optimizer_sharding = np.asarray(
@@ -376,6 +377,9 @@ class ExecutionColumns:
         cols[name] = np.array([_code(names, v) for v in vals],
                               dtype=np.int64)
       else:
+        if default is None:
+          # An integer left out (None) is UNSET.
+          vals = [UNSET if v is None else v for v in vals]
         cols[name] = np.array(vals, dtype=_kind_dtype(spec))
     return cls(**cols)
 
@@ -447,10 +451,12 @@ class ExecutionColumns:
                              for v in obj], dtype=bool)
           if optional:
             is_int |= absent
-            obj = np.where(absent, default, obj)
+            obj = np.where(absent, UNSET if default is None else default,
+                           obj)
           arr = np.where(is_int, obj, 0).astype(np.int64)
           bad = ~is_int
-        bad |= arr < (spec.lo if spec.lo is not None else -2**62)
+        bad |= (arr < (spec.lo if spec.lo is not None else -2**62)) & \
+          ~absent
       if bad.any():
         row = int(np.flatnonzero(bad)[0])
         raise ConfigError(
@@ -483,6 +489,8 @@ class ExecutionColumns:
         bool(value) if spec.kind == 'bool' else int(value)
       if names is not None:
         value = None if value == UNSET else names[value]
+      elif default is None and value == UNSET:
+        value = None
       if value != default:
         out[name] = json_value(name, value)
     return out
@@ -501,7 +509,8 @@ class ExecutionColumns:
         data[name] = arr
     for name, (spec, names, default) in OPTIONAL_SPECS.items():
       arr = np.broadcast_to(getattr(self, name), shape).reshape(-1)
-      code = default if names is None else _code(names, default)
+      code = _code(names, default) if names is not None or default is None \
+        else default
       if np.all(arr == code):
         continue
       data[name] = _labels(names, arr) if names is not None else arr
@@ -588,6 +597,33 @@ def _broken(holds):
   return np.logical_not(holds)
 
 
+def _schedule_violation(c):
+  """Reason codes of the schedule table's constraints
+  (:func:`calculon.llm.terms.schedules.violation`)."""
+  from calculon.llm.terms.schedules import violation
+  nmb = (c.batch_size // c.data_par) // c.microbatch_size
+  return violation(c.pipeline_schedule, c.pipeline_par,
+                   c.pipeline_interleaving, nmb)
+
+
+def _schedule_bad(c):
+  if np.all(np.asarray(c.pipeline_schedule) == UNSET):
+    return np.False_
+  return _schedule_violation(c) != 0
+
+
+def _schedule_message(c, i):
+  from calculon.config.registry import PIPELINE_SCHEDULE_NAMES
+  from calculon.llm.terms.schedules import violation_message
+  name = PIPELINE_SCHEDULE_NAMES[_v(c, 'pipeline_schedule', i)]
+  code = int(np.broadcast_to(_schedule_violation(c), c.shape)[i])
+  return (f'= {show(name)} is not allowed with pipeline_par = '
+          f"{_v(c, 'pipeline_par', i)}, pipeline_interleaving = "
+          f"{_v(c, 'pipeline_interleaving', i)}: it "
+          f'{violation_message(code, name)} (the schedule table, '
+          'calculon/llm/terms/schedules.py)')
+
+
 RULES = (
   Rule('num_procs',
        lambda c: _broken(_parallel.procs_match(
@@ -614,6 +650,7 @@ RULES = (
          c.pipeline_par, c.pipeline_interleaving)),
        lambda c, i: f"= {_v(c, 'pipeline_interleaving', i)} is not allowed: "
        "must be 1 when pipeline_par = 1"),
+  Rule('pipeline_schedule', _schedule_bad, _schedule_message),
   Rule('optimizer_sharding',
        lambda c: c.optimizer_sharding & (c.data_par * c.context_par <= 1),
        lambda c, i: '= true is not allowed: optimizer sharding needs '

@@ -75,6 +75,12 @@ CUDA_GRAPH_NAMES = ('none', 'layers', 'full_iteration')
 #: ``gradient_shard_reduce``: when sharded gradients are reduce-scattered.
 GRADIENT_SHARD_REDUCE_NAMES = ('batch', 'microbatch')
 GRADIENT_DATATYPE_NAMES = ('float32', 'bfloat16', 'float16')
+#: ``pipeline_schedule``: the pipeline schedules of the schedule table
+#: (:mod:`calculon.llm.terms.schedules`), as the frameworks name them.
+#: New names go last (a name's index is the engine's code).
+PIPELINE_SCHEDULE_NAMES = ('1f1b', 'interleaved-1f1b', 'gpipe', 'looped-bfs',
+                           'zb-h1', 'interleaved-zb', 'zbv', 'dualpipe',
+                           'dualpipe-v')
 #: Megatron-Core's selective-recomputation modules (--recompute-modules;
 #: megatron/core/transformer/transformer_config.py ``recompute_modules``),
 #: then PyTorch's per-op selective checkpointing as torchtitan sets it
@@ -210,7 +216,9 @@ class Field:
     if self.spec.kind == 'bool':
       return bool(code)
     if self.spec.kind == 'int':
-      return int(code)
+      # An integer left out (absent None) is coded UNSET.
+      return None if self.absent is None and int(code) == self.UNSET \
+        else int(code)
     return float(code)
 
   def allowed(self):
@@ -374,6 +382,70 @@ EXECUTION = (
   _ex('expert_imbalance', Spec('number', lo=1), 'moe',
       'tokens of the busiest expert over the average (the step waits for '
       'it)', absent=1.0, absent_doc='1 (balanced)'),
+  _ex('pipeline_schedule', _choice(PIPELINE_SCHEDULE_NAMES), 'schedule',
+      "the pipeline schedule (with PP > 1): '1f1b' (VP = 1) and "
+      "'interleaved-1f1b' (VP > 1) Narayanan et al.'s; 'gpipe' all "
+      "forwards, then all backwards (VP = 1); 'looped-bfs' breadth-first "
+      "over VP > 1 chunks; 'zb-h1' zero-bubble 1F1B, the weight gradients "
+      "deferred into the bubble (VP = 1); 'interleaved-zb' the same over "
+      "VP > 1 chunks; 'zbv' zero-bubble over two chunks a rank in a V "
+      "(VP = 2); 'dualpipe' DeepSeek's bidirectional schedule, each rank "
+      "holding its stage and the mirrored one, two parameter copies (VP = "
+      "1, even PP, microbatches even and >= 2 PP); 'dualpipe-v' its "
+      "V-shaped half, two chunks a rank (VP = 2, microbatches >= 2 PP). "
+      'Bubble, microbatches in flight and parameter copies of each: the '
+      'schedule table, calculon/llm/terms/schedules.py',
+      names=PIPELINE_SCHEDULE_NAMES, absent=None,
+      absent_doc="'1f1b', or 'interleaved-1f1b' with "
+      'pipeline_interleaving > 1 (Calculon)',
+      source='Narayanan et al. SC21; Huang et al. 2019 (GPipe); '
+      'Lamy-Poirier 2022 (breadth-first); Qi et al. ICLR 2024, arXiv '
+      '2401.10241 (ZB-H1, ZB-V); DeepSeek-V3 technical report, arXiv '
+      '2412.19437, section 3.2.1, and deepseek-ai/DualPipe README '
+      '(3da1bbea5); PyTorch torch/distributed/pipelining/schedules.py '
+      '(00722e648b) get_schedule_class'),
+  _ex('pipeline_first_stage_blocks', _INT1, 'schedule',
+      'uneven pipeline stages: transformer blocks of the first pipeline '
+      'rank, the one with the embedding, over its pipeline_interleaving '
+      'chunks (a multiple of it); the ranks neither this nor '
+      'pipeline_last_stage_blocks sets split the remaining blocks evenly. '
+      'Megatron-Core: TransformerConfig num_layers_in_first_pipeline_stage '
+      '(Megatron-LM --decoder-first-pipeline-num-layers N), or the '
+      'pipeline_model_parallel_layout string: PP x VP stages separated by '
+      "'|', stage v PP + r being rank r's chunk v (v = 0 .. VP - 1), each "
+      "stage its blocks as 't' (x*n repeats x n times, (...)*n a group, "
+      "commas ignored), 'E' opening stage 0 and 'L' closing the last; with "
+      'F first-rank, M middle-rank and L last-rank blocks, for each v: '
+      "F/VP x 't', then M/VP x 't' for each of the PP - 2 middle ranks, "
+      "then L/VP x 't' (Llama 3 70B, PP 8, F = L = 7: "
+      "'Et*7|(t*11|)*6t*7L'); torchtitan: "
+      'module_fqns_per_model_part, tok_embeddings and N layers in the first '
+      "rank's parts", absent=None,
+      absent_doc='the even split (Calculon: blocks / PP rounded up, the '
+      'later stages one block less where PP does not divide them)',
+      unit='blocks',
+      source='Megatron-Core megatron/core/transformer/transformer_block.py '
+      'get_num_layers_to_build (num_layers_in_first_pipeline_stage // '
+      'vp_size a virtual chunk, the middle layers over the middle ranks); '
+      'megatron/core/transformer/pipeline_parallel_layer_layout.py '
+      '(b1030e9dd) PipelineParallelLayerLayout.__init__ (stage v PP + r '
+      'on rank r) and parse_str_to_list; torchtitan '
+      'torchtitan/config/configs.py (b5bcd76c6) module_fqns_per_model_part, '
+      'pipeline_parallel_first_stage_less_layers'),
+  _ex('pipeline_last_stage_blocks', _INT1, 'schedule',
+      'uneven pipeline stages: transformer blocks of the last pipeline rank '
+      '(the one with the LM head and the loss, but with the V schedules, '
+      'zbv and dualpipe-v, which run both ends on the first rank), over its '
+      'chunks; see pipeline_first_stage_blocks. Megatron-Core: '
+      'num_layers_in_last_pipeline_stage (--decoder-last-pipeline-num-layers '
+      "N), or the layout's last rank N/VP x 't' a chunk, 'L' after its "
+      "last (see pipeline_first_stage_blocks); torchtitan: "
+      "module_fqns_per_model_part, N layers, norm and output in the last "
+      "rank's parts", absent=None,
+      absent_doc='the even split (Calculon)', unit='blocks',
+      source='Megatron-Core transformer_block.py get_num_layers_to_build '
+      '(num_layers_in_last_pipeline_stage); torchtitan '
+      'pipeline_parallel_last_stage_less_layers'),
   # -- framework behaviours -------------------------------------------------------
   _beh('checkpoint_layout', _choice(CHECKPOINT_LAYOUT_NAMES), 'memory',
        "full recomputation's block-input checkpoint: 'as_input' as the "

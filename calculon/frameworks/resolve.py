@@ -44,6 +44,11 @@ def _column(cols, name):
   value = getattr(cols, name)
   if name == 'data_par_sharding':
     return cols.sharding
+  if name == 'pipeline_schedule':
+    # Left out, it is Calculon's 1F1B or interleaved 1F1B (the schedule
+    # table), which a preset allows by name.
+    from calculon.llm.terms.schedules import effective
+    return effective(np.asarray(value), cols.pipeline_interleaving)
   return value
 
 

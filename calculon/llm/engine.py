@@ -79,6 +79,7 @@ def check_compatible(app, system, exe, source='<execution>'):
           value='transformer_engine') from None
   _check_attention(app, exe, shape, where, source)
   _check_experts(app, exe, shape, where, source)
+  _check_layout(app, exe, shape, where, source)
   tp = exe.tensor_par
   for what, size in (('hidden', app.hidden), ('feedforward', app.feedforward),
                      ('attn_heads', app.attn_heads)):
@@ -115,6 +116,49 @@ def check_compatible(app, system, exe, source='<execution>'):
                                       else '') +
       f' = {int(_at(batch_seq, shape, i))}',
       source=source, field='tensor_par', value=value)
+
+
+def _check_layout(app, exe, shape, where, source):
+  """Uneven stages (``pipeline_first_stage_blocks``,
+  ``pipeline_last_stage_blocks``) against the application
+  (:func:`~calculon.llm.terms.schedule.layout_violation`)."""
+  from calculon.llm.terms import schedules
+  from calculon.llm.terms.schedule import layout_violation
+  first = np.asarray(exe.pipeline_first_stage_blocks)
+  last = np.asarray(exe.pipeline_last_stage_blocks)
+  fg = first != schedules.UNSET
+  if not (np.any(fg) or np.any(last != schedules.UNSET)):
+    return
+  pp, vp = exe.pipeline_par, exe.pipeline_interleaving
+  sched = schedules.effective(np.asarray(exe.pipeline_schedule), vp)
+  code = layout_violation(app.num_blocks, pp, vp, first, last, sched)
+  i = _first(code != 0, shape)
+  if i is None:
+    return
+  name = 'pipeline_first_stage_blocks' if bool(_at(fg, shape, i)) else \
+    'pipeline_last_stage_blocks'
+  value = int(_at(first if name.startswith('pipeline_first') else last,
+                  shape, i))
+  c = int(_at(code, shape, i))
+  if c == 1:
+    why = 'uneven stages need pipeline_par > 1'
+  elif c == 2:
+    why = ('not with pipeline_schedule "dualpipe" (a rank holds its stage '
+           'and the mirrored one)')
+  elif c == 3:
+    given = int(bool(_at(fg, shape, i))) + int(
+      bool(_at(last != schedules.UNSET, shape, i)))
+    left = app.num_blocks - int(_at(np.where(fg, first, 0), shape, i)) - \
+      int(_at(np.where(last != schedules.UNSET, last, 0), shape, i))
+    why = (f'the other {int(_at(pp, shape, i)) - given} pipeline ranks must '
+           f"split the {left} blocks left of the application's "
+           f'{app.num_blocks} evenly')
+  else:
+    why = ("every rank's blocks must be a multiple of pipeline_interleaving "
+           f'= {int(_at(vp, shape, i))} (at least one block a chunk)')
+  raise ConfigError(
+    f"{source}:{where(i)} field '{name}' = {value} is not allowed: {why}",
+    source=source, field=name, value=value)
 
 
 def _check_experts(app, exe, shape, where, source):

@@ -108,7 +108,12 @@ def rate_bound(ev):
     # The embedding and the head, with the end stages' block at its lower
     # bound where the split counts them (the engine's formula,
     # vocab_time_for_s, says why the sum stays a lower bound).
-    compute = compute + ev.vocab_time_for_s(per_block)
+    vocab = ev.vocab_time_for_s(per_block)
+    if ev.pipeline_layout is not None:
+      # A layout's end stages add max(E - d b, 0) (>= 0, but falling as b
+      # grows): bounded by 0 there.
+      vocab = np.where(ev.pipeline_layout.given, 0.0, vocab)
+    compute = compute + vocab
   # Every base and edge block at least per_block (forward and backward
   # together: the bubble weighs both alike).
   bubble = ev.bubble_s(per_block, per_block, 0.0, 0.0)

@@ -53,7 +53,8 @@ AXES = ('pipeline_interleaving', 'activation_recompute', 'optimizer_sharding',
         'tensor_par_net', 'pipeline_par_net', 'data_par_net')
 #: Grid axes of the modern space: Calculon's, with the sharding level in
 #: place of optimizer_sharding, the attention kernel, and the CP tier.
-MODERN_AXES = ('pipeline_interleaving', 'activation_recompute',
+MODERN_AXES = ('pipeline_interleaving', 'pipeline_schedule',
+               'activation_recompute',
                'data_par_sharding', 'attention_kernel', 'tensor_par_comm_type',
                'seq_par_ag_redo', 'data_par_overlap', 'tensor_par_overlap',
                'weight_offload', 'activations_offload', 'optimizer_offload',
@@ -62,9 +63,9 @@ MODERN_AXES = ('pipeline_interleaving', 'activation_recompute',
 #: Grid axes of the modern space for a Mixture-of-Experts application: the
 #: expert-parallel degree, its TP, the dispatcher, the overlap of its
 #: communication and its tier join.
-MOE_AXES = MODERN_AXES[:4] + ('expert_par', 'expert_tensor_par',
+MOE_AXES = MODERN_AXES[:5] + ('expert_par', 'expert_tensor_par',
                               'moe_dispatcher', 'moe_comm_overlap') + \
-  MODERN_AXES[4:] + ('expert_par_net',)
+  MODERN_AXES[5:] + ('expert_par_net',)
 #: Codes of the ordered option values.
 RECOMPUTE_ORDER = [RECOMPUTE_NAMES.index(n) for n in ('full', 'attn_only',
                                                       'none')]
@@ -426,6 +427,7 @@ def _modern_groups(spec):
         values.update({
           'pipeline_interleaving': _preset_values(
             spec, 'pipeline_interleaving', interleavings, code=False),
+          'pipeline_schedule': _schedule_values(spec, pp),
           'activation_recompute': _preset_values(
             spec, 'activation_recompute', MODERN_RECOMPUTE_ORDER),
           'data_par_sharding': _preset_values(
@@ -451,6 +453,22 @@ def _modern_groups(spec):
         _apply_choices(spec, values)
         out.append(Group(len(out), tp, pp, dp, batch, values, cp, spec.axes))
   return out
+
+
+def _schedule_values(spec, pp):
+  """Codes of the ``pipeline_schedule`` axis of a group: Calculon's 1F1B
+  and interleaved 1F1B (left out, UNSET: which one the interleaving
+  says), then the other schedules the preset lists (a preset that names
+  none keeps Calculon's alone, so its search is what it was); UNSET alone
+  with PP = 1.  :func:`valid_mask` leaves out the combinations the
+  schedule table forbids."""
+  from calculon.llm.terms.schedules import legacy
+  rule = spec.preset.rules.get('pipeline_schedule')
+  if pp == 1 or rule is None:
+    return [UNSET]
+  from calculon.frameworks.resolve import code_of
+  listed = {code_of('pipeline_schedule', v) for v in rule.all_values}
+  return [UNSET] + sorted(c for c in listed if not legacy(c))
 
 
 def _apply_choices(spec, values):
@@ -603,6 +621,23 @@ def valid_mask(cols, spec=None):
     (cols.tensor_par_comm_type == TP_COMM_RS_AG) & ~full)
   offload_ok = ~cols.activations_offload | ~full
   ok = redo_ok & offload_ok
+  sched = np.asarray(cols.pipeline_schedule)
+  if np.any(sched != UNSET):
+    # The schedule table's constraints (chunks a rank holds, ranks,
+    # microbatches), as the execution rules check them.
+    from calculon.llm.terms.schedules import violation
+    nmb = (cols.batch_size // cols.data_par) // cols.microbatch_size
+    ok = ok & (violation(sched, cols.pipeline_par, cols.pipeline_interleaving,
+                         nmb) == 0)
+  first = np.asarray(cols.pipeline_first_stage_blocks)
+  last = np.asarray(cols.pipeline_last_stage_blocks)
+  if spec is not None and (np.any(first != UNSET) or np.any(last != UNSET)):
+    # A layout the stages cannot split (the engine's check).
+    from calculon.llm.terms.schedule import layout_violation
+    from calculon.llm.terms.schedules import effective
+    ok = ok & (layout_violation(
+      spec.app.num_blocks, cols.pipeline_par, cols.pipeline_interleaving,
+      first, last, effective(sched, cols.pipeline_interleaving)) == 0)
   if spec is not None and spec.modern:
     from calculon.frameworks.resolve import allowed_mask
     ok = ok & allowed_mask(spec.preset, spec.app, cols)

@@ -223,6 +223,8 @@ def execution_text(exe):
       parts.append(f"ep-overlap {exe['moe_comm_overlap']}")
   if _get(exe, 'pipeline_par', 1) > 1:
     parts.append(f"VP{_get(exe, 'pipeline_interleaving', 1)}")
+    if exe.get('pipeline_schedule'):
+      parts.append(str(exe['pipeline_schedule']))
   parts.append(f"mbs{_get(exe, 'microbatch_size', '?')}")
   rc = _get(exe, 'activation_recompute', 'none')
   rc = _RECOMPUTE.get(rc, rc)

@@ -17,8 +17,11 @@ buffers outside the allocator (``nccl_groups``, ``mem1_runtime_bytes``)
 and the capacity a run may fill (``mem1_usable_bytes``), from the system's
 ``memory_reserve``.
 
-Reads: ``app``, ``exe``, ``pp``, ``interleaving``, ``training``,
-``full_recompute``, ``fsdp``, ``weight_shards``, ``dpcp``, ``edp``
+Reads: the schedule table (:mod:`~calculon.llm.terms.schedules`: the
+microbatches in flight and the parameter copies of the schedules other
+than Calculon's; ``pipeline_schedule``,
+:mod:`~calculon.llm.terms.schedule`); ``app``, ``exe``, ``pp``,
+``interleaving``, ``training``, ``full_recompute``, ``fsdp``, ``weight_shards``, ``dpcp``, ``edp``
 (:mod:`~calculon.llm.terms.base`); ``block``,
 ``block_act_checkpoint_bytes`` (:mod:`~calculon.llm.terms.blocks`);
 ``blocks_per_proc``, ``num_microbatches``
@@ -35,9 +38,14 @@ import numpy as np
 from calculon.config.registry import (
   ACTIVATION_OFFLOAD_LAYERS_NAMES, ACTIVATION_OFFLOAD_SCOPE_NAMES,
   OPTIMIZER_OFFLOAD_GRADIENTS_NAMES)
+from calculon.llm.terms import schedules
 
 _ACT_OFFLOAD_FIT = ACTIVATION_OFFLOAD_LAYERS_NAMES.index('fit')
 _GRADS_ON_DEVICE = OPTIMIZER_OFFLOAD_GRADIENTS_NAMES.index('device')
+#: The vocabulary parts of a stage without the embedding or the head.
+_NO_VOCAB = {k: 0.0 for k in (
+  'weights', 'activations', 'weight_gradients', 'optimizer',
+  'activation_gradients')}
 _ACT_SCOPE_TE = ACTIVATION_OFFLOAD_SCOPE_NAMES.index('te_marked')
 
 
@@ -51,6 +59,8 @@ class MemoryTerms:
     of the prefetched next one (PyTorch FSDP FULL_SHARD with forward
     prefetch)."""
     plain = self.block.weight_bytes * self.blocks_per_proc
+    if self._param_copies is not None:
+      plain = plain * self._param_copies
     if not np.any(self.fsdp):
       return plain
     working = np.minimum(2, self.blocks_per_proc) * self.block.weight_bytes
@@ -76,7 +86,50 @@ class MemoryTerms:
     return np.where(self.fsdp, sharded, self.weight_bytes)
 
   @cached_property
+  def _schedule_inflight(self):
+    """(first, last) stage's microbatches in flight of the schedules other
+    than Calculon's (the schedule table,
+    :func:`~calculon.llm.terms.schedules.in_flight`); None when every
+    execution runs Calculon's."""
+    sched = self.pipeline_schedule
+    if not schedules.any_new(sched):
+      return None
+    first, last = schedules.in_flight(
+      sched, self.pp, self.num_microbatches, self._calculon_inflight_factor,
+      self._calculon_last_stage_inflight_factor)
+    single = self.pp == 1
+    return (np.where(single, self._calculon_inflight_factor, first),
+            np.where(single, self._calculon_last_stage_inflight_factor, last))
+
+  @cached_property
   def _inflight_factor(self):
+    """Microbatches (in units of the processor's blocks) whose activations
+    the first stage keeps: :attr:`_calculon_inflight_factor` for
+    Calculon's schedules, the schedule table's for the others."""
+    other = self._schedule_inflight
+    return self._calculon_inflight_factor if other is None else other[0]
+
+  @cached_property
+  def _last_stage_inflight_factor(self):
+    """The same for the last stage
+    (:attr:`_calculon_last_stage_inflight_factor`, or the table's)."""
+    other = self._schedule_inflight
+    return self._calculon_last_stage_inflight_factor if other is None \
+      else other[1]
+
+  @cached_property
+  def _param_copies(self):
+    """Copies of its stages' parameters a processor holds (2 with
+    'dualpipe', :func:`~calculon.llm.terms.schedules.param_copies`); None
+    when no execution keeps a second (nothing is scaled)."""
+    sched = self.pipeline_schedule
+    if not schedules.any_new(sched):
+      return None
+    copies = schedules.param_copies(sched)
+    return copies if np.any(copies != 1) else None
+
+  @cached_property
+  def _calculon_inflight_factor(self):
     """Microbatches whose activations are kept: min(nmb, PP) for 1F1B, times
     1 + (PP - 1) / (interleaving * PP) for the interleaved schedule
     (Korthikanti et al. 2022, section 4.2.3); with
@@ -101,7 +154,7 @@ class MemoryTerms:
     return np.where(self.interleaving > 1, inter, mb)
 
   @cached_property
-  def _last_stage_inflight_factor(self):
+  def _calculon_last_stage_inflight_factor(self):
     """Microbatches (in units of the processor's blocks) whose activations
     the last pipeline stage keeps: one with 1F1B; with v model chunks its
     warm-up holds (v - 1) PP + 1 chunk-microbatches (Megatron-LM
@@ -110,17 +163,21 @@ class MemoryTerms:
     v = self.interleaving
     f = ((v - 1) * self.pp + 1) / v
     return np.where(self.pp > 1, np.minimum(f, self.num_microbatches),
-                    self._inflight_factor)
+                    self._calculon_inflight_factor)
 
-  def _act_bytes_for(self, inflight):
+  def _act_bytes_for(self, inflight, blocks=None):
     b = self.block
+    if blocks is None:
+      blocks = self.blocks_per_proc
     kept = b.act_working_bytes + b.act_storage_bytes * (
-      self.blocks_per_proc * inflight - 1)
+      blocks * inflight - 1)
     return np.where(self.training & ~self.full_recompute, kept,
                     b.act_working_bytes)
 
-  def _checkpoint_bytes_for(self, inflight):
-    ckpt = self.blocks_per_proc * self.block_act_checkpoint_bytes
+  def _checkpoint_bytes_for(self, inflight, blocks=None):
+    if blocks is None:
+      blocks = self.blocks_per_proc
+    ckpt = blocks * self.block_act_checkpoint_bytes
     return np.where(self.training & self.full_recompute, ckpt * inflight, 0)
 
   @cached_property
@@ -150,12 +207,30 @@ class MemoryTerms:
                      b.weight_grad_unsharded_bytes,
                      b.weight_grad_unsharded_bytes + b.weight_grad_bytes * (
                        self.blocks_per_proc - 1))
+    if self._param_copies is not None:
+      # The mirrored stage's gradients are kept whole too ('dualpipe').
+      grads = grads + (self._param_copies - 1) * b.weight_grad_bytes * \
+        self.blocks_per_proc
+    return np.where(self.training, grads, 0)
+
+  def _weight_grad_bytes_for(self, blocks):
+    """:attr:`weight_grad_bytes` of a stage holding ``blocks`` blocks (a
+    layout's end stage; none is a 'dualpipe' one: a layout is refused
+    with it)."""
+    b = self.block
+    grads = np.where(blocks <= 1, np.where(
+      blocks == 1, b.weight_grad_unsharded_bytes, 0),
+      b.weight_grad_unsharded_bytes + b.weight_grad_bytes * (blocks - 1))
     return np.where(self.training, grads, 0)
 
   @cached_property
   def optimizer_bytes(self):
-    return np.where(self.training,
-                    self.block.optimizer_bytes * self.blocks_per_proc, 0)
+    """Optimizer state of the processor's blocks (of both copies with
+    'dualpipe')."""
+    state = self.block.optimizer_bytes * self.blocks_per_proc
+    if self._param_copies is not None:
+      state = state * self._param_copies
+    return np.where(self.training, state, 0)
 
   # "min" sizes: what tier 1 must still hold when a kind is offloaded
   # (double-buffered blocks).
@@ -186,15 +261,31 @@ class MemoryTerms:
     return np.where(self.training, self.block.optimizer_bytes * 2, 0)
 
   # -- the stages' kinds and the tiers ----------------------------------------
-  def _kinds(self, act, ckpt, vocab, kept=0.0):
+  def _kinds(self, act, ckpt, vocab, kept=0.0, blocks=None):
     """{kind: (tier-1 bytes, tier-2 bytes)} of a pipeline stage whose
     blocks keep ``act`` activations and ``ckpt`` checkpoints, plus the
     embedding / LM head parts ``vocab`` (a dict by kind, tier 1 only);
     ``kept``: the stored activations offloaded blocks keep in tier 1
     (``activation_offload_scope`` 'te_marked', :meth:`_act_unmarked_for`).
     With ``activation_offload_layers`` 'fit' the stage keeps them all here
-    (:meth:`_stage_kinds` then moves the blocks it offloads)."""
+    (:meth:`_stage_kinds` then moves the blocks it offloads).  ``blocks``:
+    the stage's blocks where a layout gives them (the weights, their
+    gradients and the optimizer state of that many blocks), None: the
+    busiest stage's."""
     e = self.exe
+    weights, grads, optim = self.weight_bytes, self.weight_grad_bytes, \
+      self.optimizer_bytes
+    host_weights = self._weight_host_bytes
+    grad_blocks = self.blocks_per_proc
+    if blocks is not None:
+      given = self.pipeline_layout.given
+      with np.errstate(divide='ignore', invalid='ignore'):
+        ratio = blocks / np.maximum(self.blocks_per_proc, 1)
+      weights = np.where(given, weights * ratio, weights)
+      host_weights = np.where(given, host_weights * ratio, host_weights)
+      optim = np.where(given, optim * ratio, optim)
+      grads = np.where(given, self._weight_grad_bytes_for(blocks), grads)
+      grad_blocks = np.where(given, blocks, grad_blocks)
     wo, oo = e.weight_offload, e.optimizer_offload
     ao = e.activations_offload
     fit = self._act_fit
@@ -206,15 +297,14 @@ class MemoryTerms:
     ckpt1 = np.where(ao, np.where(full, self.act_checkpoint_bytes_min, 0),
                      ckpt)
     ckpt2 = np.where(ao & full, ckpt, 0)
-    optim1 = np.where(oo, self.optimizer_bytes_min, self.optimizer_bytes)
+    optim1 = np.where(oo, self.optimizer_bytes_min, optim)
     host = self._host_step
     if np.any(host):
       # The state lives and is updated on the host: the device streams
       # none of it.
       optim1 = np.where(host, 0, optim1)
-    grads2 = np.where(oo, self.block.weight_grad_bytes * self.blocks_per_proc,
-                      0)
-    optim2 = np.where(oo, self.optimizer_bytes, 0)
+    grads2 = np.where(oo, self.block.weight_grad_bytes * grad_blocks, 0)
+    optim2 = np.where(oo, optim, 0)
     grads_kept = self._grads_kept
     if np.any(grads_kept):
       # The gradient buffer stays in tier 1; the host step's copy of the
@@ -222,13 +312,13 @@ class MemoryTerms:
       optim2 = optim2 + np.where(grads_kept, grads2, 0)
       grads2 = np.where(grads_kept, 0, grads2)
     return {
-      'weights': (np.where(wo, self.weight_bytes_min, self.weight_bytes) +
-                  vocab['weights'], np.where(wo, self._weight_host_bytes, 0)),
+      'weights': (np.where(wo, self.weight_bytes_min, weights) +
+                  vocab['weights'], np.where(wo, host_weights, 0)),
       'activations': (act1 + vocab['activations'], act2),
       'checkpoints': (ckpt1, ckpt2),
       'weight_gradients': (np.where(self._grads_offloaded,
                                     self.weight_grad_bytes_min,
-                                    self.weight_grad_bytes) +
+                                    grads) +
                            vocab['weight_gradients'], grads2),
       'optimizer': (optim1 + vocab['optimizer'], optim2),
       'activation_gradients': (np.maximum(self.act_grad_bytes,
@@ -295,7 +385,7 @@ class MemoryTerms:
     return np.where(te, self.block.act_offloadable_bytes,
                     self._act_block_bytes)
 
-  def _act_unmarked_for(self, inflight):
+  def _act_unmarked_for(self, inflight, blocks=None):
     """Stored activations that every block offloaded with
     ``activation_offload_layers`` 'all' keeps in tier 1 under
     ``activation_offload_scope`` 'te_marked' (the unmarked part of each
@@ -305,11 +395,11 @@ class MemoryTerms:
     if not np.any(te):
       return 0.0
     b = self.block
-    n = self.blocks_per_proc * inflight - 1
+    n = (self.blocks_per_proc if blocks is None else blocks) * inflight - 1
     kept = (b.act_storage_bytes - b.act_offloadable_bytes) * n
     return np.where(te & self.training, kept, 0)
 
-  def _stage_kinds(self, inflight, vocab):
+  def _stage_kinds(self, inflight, vocab, blocks=None):
     """(kinds, offloaded blocks) of a pipeline stage with ``inflight``
     microbatches in flight and the vocabulary parts ``vocab``.  With
     ``activation_offload_layers`` 'fit' the stage offloads the fewest
@@ -321,10 +411,11 @@ class MemoryTerms:
     microbatch 2, BF16: 20 at microbatch 1; B200: 5 of 80; Megatron-Bridge
     perf_recipes/llama/gb200/llama3.py, b200/llama3.py), and its
     performance guide tunes "the number of layers to offload" because
-    each costs transfers."""
-    kinds = self._kinds(self._act_bytes_for(inflight),
-                        self._checkpoint_bytes_for(inflight), vocab,
-                        self._act_unmarked_for(inflight))
+    each costs transfers.  ``blocks``: the stage's blocks (a layout's),
+    None: the busiest stage's."""
+    kinds = self._kinds(self._act_bytes_for(inflight, blocks),
+                        self._checkpoint_bytes_for(inflight, blocks), vocab,
+                        self._act_unmarked_for(inflight, blocks), blocks)
     fit = self._act_fit
     if not np.any(fit):
       return kinds, 0.0
@@ -333,7 +424,8 @@ class MemoryTerms:
     with np.errstate(divide='ignore', invalid='ignore'):
       need = np.ceil((kept - self.mem1_tensor_budget_bytes) / save)
     k = np.clip(np.where(save > 0, need, 0), 0,
-                np.maximum(self.blocks_per_proc - 1, 0))
+                np.maximum((self.blocks_per_proc if blocks is None
+                            else blocks) - 1, 0))
     k = np.where(fit & np.isfinite(k), k, 0)
     moved = k * save
     full = self.full_recompute
@@ -360,14 +452,48 @@ class MemoryTerms:
     t2 = t2 + o[1]
     return t1, t2
 
+  def _layout_blocks(self, which):
+    """Blocks of the rank with the embedding ('first') or the loss
+    ('last') where a layout gives them, the busiest rank's elsewhere;
+    None without a layout."""
+    lay = self.pipeline_layout
+    if lay is None:
+      return None
+    blocks = lay.first_blocks if which == 'first' else lay.last_blocks
+    return np.where(lay.given, blocks, self.blocks_per_proc)
+
   @cached_property
   def _first_stage(self):
-    return self._stage_kinds(self._inflight_factor, self.vocab_memory_first)
+    return self._stage_kinds(self._inflight_factor, self.vocab_memory_first,
+                             self._layout_blocks('first'))
 
   @cached_property
   def _last_stage(self):
     return self._stage_kinds(self._last_stage_inflight_factor,
-                             self.vocab_memory_last)
+                             self.vocab_memory_last,
+                             self._layout_blocks('last'))
+
+  @cached_property
+  def _middle_stage(self):
+    """With a layout, the busiest rank (its blocks, no vocabulary, the
+    first stage's microbatches in flight), which may hold more than
+    either end; None without a layout."""
+    lay = self.pipeline_layout
+    if lay is None:
+      return None
+    return self._stage_kinds(self._inflight_factor, _NO_VOCAB, np.where(
+      lay.given, lay.middle_blocks, self.blocks_per_proc))
+
+  @cached_property
+  def _middle_binds(self):
+    """Where the busiest rank of a layout needs more tier-1 memory than
+    both ends (False without a layout)."""
+    if self._middle_stage is None:
+      return False
+    mid = self._tiers(self._middle_stage[0])[0]
+    return self.pipeline_layout.given & (self.pp > 2) & (
+      mid > np.maximum(self.first_stage_mem1_bytes,
+                       self.last_stage_mem1_bytes))
 
   @cached_property
   def first_stage_memory_by_kind(self):
@@ -389,10 +515,13 @@ class MemoryTerms:
     elsewhere."""
     if not np.any(self._act_fit):
       return 0.0
-    if not self.app.has_vocab:
+    if not self.app.has_vocab and self.pipeline_layout is None:
       return self._first_stage[1]
-    return np.where(self._last_binds, self._last_stage[1],
-                    self._first_stage[1])
+    out = np.where(self._last_binds, self._last_stage[1],
+                   self._first_stage[1])
+    if np.any(self._middle_binds):
+      out = np.where(self._middle_binds, self._middle_stage[1], out)
+    return out
 
   @cached_property
   def first_stage_mem1_bytes(self):
@@ -411,7 +540,7 @@ class MemoryTerms:
     """The last stage needs more tier-1 memory than the first.  Without a
     vocabulary it never does (same blocks, fewer microbatches in flight),
     so it is not computed."""
-    if not self.app.has_vocab:
+    if not self.app.has_vocab and self.pipeline_layout is None:
       return False
     return self.last_stage_mem1_bytes > self.first_stage_mem1_bytes
 
@@ -427,19 +556,29 @@ class MemoryTerms:
     :attr:`mem2_bytes`.)
     """
     first = self.first_stage_memory_by_kind
-    if not np.any(self._last_binds):
+    mb = self._middle_binds
+    if not np.any(self._last_binds) and not np.any(mb):
       return first
     last = self.last_stage_memory_by_kind
     lb = self._last_binds
-    return {k: (np.where(lb, last[k][0], first[k][0]),
-                np.where(lb, last[k][1], first[k][1])) for k in first}
+    out = {k: (np.where(lb, last[k][0], first[k][0]),
+               np.where(lb, last[k][1], first[k][1])) for k in first}
+    if np.any(mb):
+      mid = self._middle_stage[0]
+      out = {k: (np.where(mb, mid[k][0], out[k][0]),
+                 np.where(mb, mid[k][1], out[k][1])) for k in out}
+    return out
 
   @cached_property
   def _mem_reqs(self):
     first = self._tiers(self.first_stage_memory_by_kind)
-    if not self.app.has_vocab:
+    if not self.app.has_vocab and self.pipeline_layout is None:
       return first
     t1 = np.where(self._last_binds, self.last_stage_mem1_bytes, first[0])
+    if np.any(self._middle_binds):
+      mid = self._tiers(self._middle_stage[0])
+      return np.where(self._middle_binds, mid[0], t1), \
+        np.where(self._middle_binds, mid[1], first[1])
     return t1, first[1]
 
   @cached_property

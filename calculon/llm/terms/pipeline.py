@@ -1,7 +1,9 @@
 """Pipeline parallelism: the point-to-point transfers between stages and
 their overlap.
 
-Provides :class:`PipelineTerms`: the bytes a chunk sends each way
+Provides :class:`PipelineTerms` and its :data:`~PipelineTerms.CONCERN`
+(the batch term ``pp_mirror_time_s``: the gradient all-reduce and the
+optimizer step of the second parameter copy of 'dualpipe'): the bytes a chunk sends each way
 (``block_fw_pp_bytes``, ``block_bw_pp_bytes``), one transfer's time
 (``chunk_fw_pp_time_s``, ``chunk_bw_pp_time_s``), the transfers over the
 batch on the link (``pp_comm_link_time_s``) and exposed
@@ -9,7 +11,9 @@ batch on the link (``pp_comm_link_time_s``) and exposed
 schedule), and the schedule's chunk steps (``pp_chunk_steps``,
 ``pp_warmup_chunks``).
 
-Reads: ``system``, ``exe``, ``pp``, ``interleaving``, ``training``,
+Reads: the schedule table (:mod:`~calculon.llm.terms.schedules`),
+``pipeline_schedule``, ``blocks_per_proc`` and ``block``; ``system``,
+``exe``, ``pp``, ``interleaving``, ``training``,
 ``io_bytes``, ``activation_elems``, ``seq_par_activation_elems``,
 ``pp_usage`` (:mod:`~calculon.llm.terms.base`); ``block_input_split``
 (:mod:`~calculon.llm.terms.blocks`); ``num_microbatches``,
@@ -21,11 +25,40 @@ from functools import cached_property
 
 import numpy as np
 
-from calculon.llm.terms.base import _hidden_behind
+from calculon.llm.terms import schedules
+from calculon.llm.terms.base import Concern, _hidden_behind
 
 
 class PipelineTerms:
   """Point-to-point transfers between pipeline stages (see the module)."""
+
+  #: What a schedule with a second parameter copy adds to the batch
+  #: ('dualpipe', the schedule table).
+  CONCERN = Concern(
+    'pipeline schedule',
+    lambda ev: schedules.any_new(ev.pipeline_schedule) and bool(np.any(
+      schedules.param_copies(ev.pipeline_schedule) > 1)),
+    batch=('pp_mirror_time_s',))
+
+  @cached_property
+  def pp_mirror_time_s(self):
+    """What the mirrored stages of 'dualpipe' add to the batch (s): a rank
+    holds its stage and the mirrored one (DeepSeek-V3 technical report,
+    section 3.2.1: "two copies of the model parameters";
+    deepseek-ai/DualPipe examples/example_dualpipe.py, 3da1bbea5: rank r
+    holds stages r and PP - 1 - r), so when training the two ranks that
+    hold a stage all-reduce its kept gradients (``weight_grad_bytes`` of
+    the processor's blocks, over 2 ranks of the pipeline's network tier)
+    and each steps the optimizer over its copy too (once more the
+    blocks' ``optim_time``).  0 for the other schedules."""
+    copies = schedules.param_copies(self.pipeline_schedule)
+    extra = copies - 1
+    size = self.block.weight_grad_bytes * self.blocks_per_proc
+    reduce = self.system.networks.time_s('all_reduce', size, 2,
+                                         self.exe.pipeline_par_net)
+    step = self.blocks_per_proc * self.block.optim_time
+    return np.where(self.training & (extra > 0) & (self.pp > 1),
+                    extra * (reduce + step), 0)
 
   @cached_property
   def block_fw_pp_bytes(self):

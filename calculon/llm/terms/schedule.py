@@ -8,7 +8,8 @@ chunk is ``blocks_per_chunk - 1`` *base* blocks followed by one *edge*
 block that also sends the activation to the next pipeline stage.  Times
 are for processor 0.
 
-Provides :class:`ScheduleTerms`: ``num_microbatches``,
+Provides :class:`ScheduleTerms`: ``pipeline_schedule`` (the schedule's
+code, :mod:`~calculon.llm.terms.schedules`), ``num_microbatches``,
 ``vocab_in_split``, ``blocks_per_proc``, ``bubble_reduction_blocks``,
 ``blocks_per_chunk``, ``chunks_per_proc``, ``baseblocks_per_chunk``,
 ``edgeblocks_per_chunk``, ``block_microbatches`` (blocks x microbatches),
@@ -18,8 +19,9 @@ and microbatch), the base and edge blocks' forward and backward times
 (:meth:`~ScheduleTerms.bubble_s` from given block times, and
 ``bubble_time_s``).
 
-Reads: ``app``, ``exe``, ``pp``, ``interleaving``
-(:mod:`~calculon.llm.terms.base`); ``block``
+Reads: ``app``, ``exe``, ``pp``, ``interleaving``, ``training``
+(:mod:`~calculon.llm.terms.base`); the schedule table
+(:mod:`~calculon.llm.terms.schedules`); ``block``
 (:mod:`~calculon.llm.terms.blocks`); ``chunk_fw_pp_time_s``,
 ``chunk_bw_pp_time_s`` (:mod:`~calculon.llm.terms.pipeline`);
 ``block_fw_extra_s``, ``block_bw_extra_s`` (the concerns' sum,
@@ -31,7 +33,11 @@ Reads: ``app``, ``exe``, ``pp``, ``interleaving``
 
 from functools import cached_property
 
+from collections import namedtuple
+
 import numpy as np
+
+from calculon.llm.terms import schedules
 
 
 class ScheduleTerms:
@@ -40,6 +46,14 @@ class ScheduleTerms:
 
   #: Edge blocks per chunk: the last block of each chunk.
   edgeblocks_per_chunk = 1
+
+  @cached_property
+  def pipeline_schedule(self):
+    """``pipeline_schedule`` codes with a schedule left out read as
+    Calculon's ('1f1b', or 'interleaved-1f1b' with VP > 1;
+    :func:`~calculon.llm.terms.schedules.effective`)."""
+    return schedules.effective(np.asarray(self.exe.pipeline_schedule),
+                               self.interleaving)
 
   @cached_property
   def num_microbatches(self):
@@ -51,9 +65,26 @@ class ScheduleTerms:
   @cached_property
   def vocab_in_split(self):
     """True where the pipeline split counts the embedding and the LM head
-    as a block each (``pipeline_split_counts_vocab``, PP > 1; see
-    ``blocks_per_proc`` and ``vocab_time_s``)."""
-    return self.exe.pipeline_split_counts_vocab & (self.pp > 1)
+    as a block each (``pipeline_split_counts_vocab``, PP > 1, no layout;
+    see ``blocks_per_proc`` and ``vocab_time_s``)."""
+    split = self.exe.pipeline_split_counts_vocab & (self.pp > 1)
+    if self.pipeline_layout is None:
+      return split
+    return split & ~self.pipeline_layout.given
+
+  @cached_property
+  def pipeline_layout(self):
+    """The uneven stages of ``pipeline_first_stage_blocks`` and
+    ``pipeline_last_stage_blocks`` (:func:`stage_layout`), or None when no
+    execution sets either (Calculon's even split)."""
+    e = self.exe
+    first = np.asarray(e.pipeline_first_stage_blocks)
+    last = np.asarray(e.pipeline_last_stage_blocks)
+    if not (np.any(first != schedules.UNSET) or
+            np.any(last != schedules.UNSET)):
+      return None
+    return stage_layout(self.app.num_blocks, self.pp, self.interleaving,
+                        first, last, self.pipeline_schedule)
 
   @cached_property
   def _pipeline_split(self):
@@ -66,8 +97,14 @@ class ScheduleTerms:
     stages give one slot each to them (see vocab_time_s)."""
     nb = self.app.num_blocks + np.where(self.vocab_in_split, 2, 0)
     rem = nb % self.pp
-    return (nb // self.pp + (rem != 0),
-            np.where(rem != 0, self.pp - rem, 0))
+    bpp, red = (nb // self.pp + (rem != 0),
+                np.where(rem != 0, self.pp - rem, 0))
+    lay = self.pipeline_layout
+    if lay is None:
+      return bpp, red
+    # A layout's busiest rank, and the blocks the others hold less.
+    return (np.where(lay.given, lay.blocks_per_proc, bpp),
+            np.where(lay.given, lay.reduction_blocks, red))
 
   @cached_property
   def blocks_per_proc(self):
@@ -189,7 +226,7 @@ class ScheduleTerms:
     return (self.baseblocks_per_chunk * base) + \
       (self.edgeblocks_per_chunk * edge)
 
-  def bubble_s(self, base_fw, edge_fw, base_bw, edge_bw):
+  def bubble_s(self, base_fw, edge_fw, base_bw, edge_bw, wgrad=None):
     """Pipeline bubble (seconds) of the (interleaved) 1F1B schedule whose
     base and edge blocks take the given forward and backward seconds (per
     block and microbatch; arrays broadcastable over the executions).
@@ -198,7 +235,10 @@ class ScheduleTerms:
     lower bounds of them (the bubble grows with each: its coefficients,
     (PP - 1 + extra) (blocks per chunk - 1) - reduction / 2 and
     PP - 1 + extra - reduction / 2, are >= 0 since the reduction is at
-    most PP - 1 blocks).
+    most PP - 1 blocks).  With a layout (:attr:`pipeline_layout`), the
+    other ranks' stage times over VP: (PP - 1) edge blocks and (L - busiest
+    - (PP - 1) VP) / VP base blocks, each >= 0 (every stage holds a
+    block).
 
     (PP - 1) chunk times (forward + backward), as in Narayanan et al. SC'21
     eq. 1 per chunk.  With interleaving and a microbatch count that is not a
@@ -207,6 +247,16 @@ class ScheduleTerms:
     extra chunk times.  When PP does not divide the block count, later stages
     hold one block less and the bubble shrinks by that many blocks' time
     (half base, half edge when chunks have base blocks).
+
+    Schedules other than Calculon's (``pipeline_schedule``, the schedule
+    table :mod:`~calculon.llm.terms.schedules`): the table's bubble of one
+    chunk's forward F (``chunk_time_s`` of the forward times), full
+    backward B (of the backward times) and weight gradient W
+    (``blocks_per_chunk`` x ``wgrad``, per block and microbatch; the
+    block's ``wgrad_time`` when training by default).  It grows with F and
+    B at fixed W, so the bound may pass lower bounds of them (and may put
+    the backward into the forward: every table formula weighs B at least
+    as much as F).
     """
     chunk_time = self.chunk_time_s(base_fw, edge_fw) + \
       self.chunk_time_s(base_bw, edge_bw)
@@ -218,7 +268,27 @@ class ScheduleTerms:
     nmb, pp = self.num_microbatches, self.pp
     missing = nmb % pp
     extra = np.where(missing != 0, (self.interleaving - 1) * (pp - missing), 0)
-    return (pp - 1) * chunk_time + (extra * chunk_time - reduction)
+    bubble = (pp - 1) * chunk_time + (extra * chunk_time - reduction)
+    lay = self.pipeline_layout
+    if lay is not None:
+      # Uneven stages: the other ranks' stage times over VP (each chunk of
+      # a rank one edge block, the rest base blocks), as the even split's
+      # (PP - 1) chunk times less the blocks they lack; its coefficients
+      # are >= 0 as every stage holds a block.
+      others = (self.app.num_blocks - self.blocks_per_proc) / \
+        self.interleaving - (pp - 1)
+      uneven = (pp - 1) * (edge_fw + edge_bw) + others * (base_fw + base_bw) \
+        + extra * chunk_time
+      bubble = np.where(lay.given, uneven, bubble)
+    sched = self.pipeline_schedule
+    if not schedules.any_new(sched):
+      return bubble
+    if wgrad is None:
+      wgrad = np.where(self.training, self.block.wgrad_time, 0)
+    new = schedules.bubble_s(
+      sched, pp, nmb, self.interleaving, self.chunk_time_s(base_fw, edge_fw),
+      self.chunk_time_s(base_bw, edge_bw), self.blocks_per_chunk * wgrad)
+    return np.where(schedules.legacy(sched), bubble, new)
 
   @cached_property
   def bubble_time_s(self):
@@ -226,3 +296,77 @@ class ScheduleTerms:
     of the base and edge blocks' forward and backward times."""
     return self.bubble_s(self.baseblock_fw_time_s, self.edgeblock_fw_time_s,
                          self.baseblock_bw_time_s, self.edgeblock_bw_time_s)
+
+
+#: The ranks' blocks of a pipeline layout (:func:`stage_layout`): where a
+#: layout is given (bool), the busiest rank's blocks, the blocks the other
+#: ranks hold less in all (PP x busiest - L), the blocks of the rank with
+#: the embedding (``first_blocks``), of the rank with the loss
+#: (``last_blocks``) and of a middle rank (``middle_blocks``).
+StageLayout = namedtuple('StageLayout', 'given blocks_per_proc '
+                         'reduction_blocks first_blocks last_blocks '
+                         'middle_blocks')
+
+
+def _layout_counts(num_blocks, pp, first, last):
+  """(first given, last given, middle ranks, blocks left to them)."""
+  fg, lg = first != schedules.UNSET, last != schedules.UNSET
+  rest = pp - fg - lg
+  left = num_blocks - np.where(fg, first, 0) - np.where(lg, last, 0)
+  return fg, lg, rest, left
+
+
+def stage_layout(num_blocks, pp, vp, first, last, schedule):
+  """The ranks' blocks of uneven pipeline stages.
+
+  The first pipeline rank holds ``first`` blocks (with the embedding),
+  the last ``last``, and the other ranks split the rest of the
+  ``num_blocks`` evenly (``first`` / ``last`` UNSET: that rank takes the
+  even share too); each rank's blocks are split evenly over its VP
+  chunks.  This is Megatron-Core's TransformerConfig
+  num_layers_in_first_pipeline_stage and num_layers_in_last_pipeline_stage
+  (Megatron-LM --decoder-first-pipeline-num-layers,
+  --decoder-last-pipeline-num-layers; megatron/core/transformer/
+  transformer_block.py get_num_layers_to_build: a rank's layers // VP a
+  virtual chunk, the middle layers over the middle ranks).  The loss runs
+  on the last rank, or with the V schedules ('zbv', 'dualpipe-v': rank r
+  holds stages r and 2 PP - 1 - r) on the first.
+
+  Args (int arrays, broadcast): the application's blocks, PP, VP, the
+  first and last ranks' blocks (UNSET: not given), the schedule codes
+  (:func:`~calculon.llm.terms.schedules.effective`).
+
+  Returns:
+    :class:`StageLayout` (arrays); counts of the floor share where the
+    ranks do not split evenly (such an execution is refused before:
+    :func:`layout_violation`).
+  """
+  fg, lg, rest, left = _layout_counts(num_blocks, pp, first, last)
+  given = (fg | lg) & (pp > 1)
+  mid = np.maximum(left, 0) // np.maximum(rest, 1)
+  r0 = np.where(fg, first, mid)
+  rl = np.where(lg, last, mid)
+  inner = np.where(pp > 2, mid, 0)
+  bpp = np.maximum(np.maximum(r0, rl), inner)
+  vee = schedules.v_shape(schedule)
+  return StageLayout(given, bpp, pp * bpp - num_blocks, r0,
+                     np.where(vee, r0, rl), np.where(pp > 2, mid, bpp))
+
+
+def layout_violation(num_blocks, pp, vp, first, last, schedule):
+  """Why a layout cannot run (int array; 0: it can, or none is given): 1
+  with PP = 1; 2 with 'dualpipe' (its ranks hold two stages each, a layout
+  of which is not modeled); 3 where the other ranks cannot split the
+  blocks left evenly; 4 where a rank's blocks are not a multiple of VP
+  (at least one block a chunk: Megatron-Core splits a rank's layers
+  evenly over its virtual chunks).  Args as :func:`stage_layout`'s."""
+  fg, lg, rest, left = _layout_counts(num_blocks, pp, first, last)
+  given = fg | lg
+  uneven = np.where(rest > 0, (left < 0) | (left % np.maximum(rest, 1) != 0),
+                    left != 0)
+  mid = np.maximum(left, 0) // np.maximum(rest, 1)
+  chunks = (fg & (first % vp != 0)) | (lg & (last % vp != 0)) | (
+    (rest > 0) & ((mid < vp) | (mid % vp != 0)))
+  return np.select([given & (pp == 1),
+                    given & (schedule == schedules.DUALPIPE),
+                    given & uneven, given & chunks], [1, 2, 3, 4], 0)

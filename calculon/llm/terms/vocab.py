@@ -11,7 +11,10 @@ layers and per-microbatch totals (``embed_layers``, ``head_layers``,
 (``head_activation_bytes``, ``vocab_memory_first``,
 ``vocab_memory_last``).
 
-Reads: ``app``, ``system``, ``exe``, ``ctx``, ``pp``, ``training``,
+Reads: where the schedule puts the two ends (``pipeline_schedule``,
+:mod:`~calculon.llm.terms.schedule`; the schedule table,
+:mod:`~calculon.llm.terms.schedules`); ``app``, ``system``, ``exe``,
+``ctx``, ``pp``, ``training``,
 ``fsdp``, ``weight_shards``, ``grad_bytes``
 (:mod:`~calculon.llm.terms.base`); ``num_microbatches``,
 ``vocab_in_split``, ``baseblock_fw_time_no_offload_s``,
@@ -25,6 +28,7 @@ from functools import cached_property
 import numpy as np
 
 from calculon.llm.block import BlockTotals, build_embedding, build_head
+from calculon.llm.terms import schedules
 from calculon.llm.terms.base import Concern
 
 _NO_VOCAB_MEMORY = {k: 0.0 for k in (
@@ -107,9 +111,17 @@ class VocabTerms:
     included; offload overheads left out, so the term never shrinks as
     they grow), and the steady state adds max(E - b, H - b, 0), never
     running faster than the middle stages.
+
+    With a layout (``pipeline_first_stage_blocks``,
+    ``pipeline_last_stage_blocks``) the rank with the embedding holds d1
+    blocks fewer than the busiest rank and the one with the loss d2
+    (:func:`~calculon.llm.terms.schedule.stage_layout`): E and H become
+    max(E - d1 b, 0) and max(H - d2 b, 0), a lighter end stage adding
+    nothing; on one rank (the V schedules) the two ends add max(E + H -
+    d1 b, 0) each microbatch.
     """
     block_s = 0.0
-    if np.any(self.vocab_in_split):
+    if np.any(self.vocab_in_split) or self.pipeline_layout is not None:
       # The end stages run E and H in place of one block each.
       block_s = self.baseblock_fw_time_no_offload_s + np.where(
         self.training, self.baseblock_bw_time_no_offload_s, 0)
@@ -131,15 +143,51 @@ class VocabTerms:
     # E and H are >= 0 without the split, so the floor acts only with it.
     steady = np.maximum(np.maximum(e, h), 0)
     nmb = self.num_microbatches
-    return np.where(self.pp > 1, (nmb - 1) * steady + e + h,
-                    nmb * (e + h))
+    out = np.where(self.pp > 1, (nmb - 1) * steady + e + h, nmb * (e + h))
+    ends = self._ends_on_one_rank
+    lay = self.pipeline_layout
+    if lay is not None:
+      e0 = self._stage_time_s(self.embed)
+      h0 = self._stage_time_s(self.head)
+      d1 = (self.blocks_per_proc - lay.first_blocks) * block_s
+      d2 = (self.blocks_per_proc - lay.last_blocks) * block_s
+      e1, h1 = np.maximum(e0 - d1, 0), np.maximum(h0 - d2, 0)
+      uneven = (nmb - 1) * np.maximum(e1, h1) + e1 + h1
+      if ends is not None:
+        uneven = np.where(ends, nmb * np.maximum(e0 + h0 - d1, 0), uneven)
+      out = np.where(lay.given, uneven, out)
+    if ends is None:
+      return out
+    # One rank runs both ends (the schedule table): the V schedules' first
+    # rank every microbatch's embedding and loss; each end rank of
+    # 'dualpipe' its direction's half of the embeddings and the other
+    # direction's half of the losses.
+    both = np.where(self.pipeline_schedule == schedules.DUALPIPE,
+                    (nmb + 1) / 2, nmb) * (e + h)
+    if lay is not None:
+      ends = ends & ~lay.given
+    return np.where(ends, both, out)
+
+  @cached_property
+  def _ends_on_one_rank(self):
+    """Where one rank holds and runs both the embedding and the loss
+    (PP > 1; :func:`~calculon.llm.terms.schedules.ends_on_one_rank`);
+    None when no execution does."""
+    sched = self.pipeline_schedule
+    if not schedules.any_new(sched):
+      return None
+    ends = schedules.ends_on_one_rank(sched) & (self.pp > 1)
+    return ends if np.any(ends) else None
 
   @cached_property
   def vocab_optim_time_s(self):
     """Optimizer step of the embedding and LM head weights (the slower of
     the first and last stage; both with PP = 1)."""
     e, h = self.embed.optim_time, self.head.optim_time
-    return np.where(self.training, np.where(self.pp > 1, np.maximum(e, h),
+    apart = self.pp > 1
+    if self._ends_on_one_rank is not None:
+      apart = apart & ~self._ends_on_one_rank
+    return np.where(self.training, np.where(apart, np.maximum(e, h),
                                             e + h), 0)
 
   def _vocab_dp_s(self, t):
@@ -168,7 +216,10 @@ class VocabTerms:
       size = self.embed.weight_elems * self.grad_bytes
       tie = np.where((self.pp > 1) & self.training, self.system.networks.time_s(
         'all_reduce', size, 2, self.exe.pipeline_par_net), 0)
-    return np.where(self.pp > 1, np.maximum(e, h) + tie, e + h)
+    apart = self.pp > 1
+    if self._ends_on_one_rank is not None:
+      apart = apart & ~self._ends_on_one_rank
+    return np.where(apart, np.maximum(e, h) + tie, e + h)
 
   @cached_property
   def vocab_extra_time_s(self):
@@ -212,6 +263,8 @@ class VocabTerms:
     e = self._vocab_memory(self.embed, 0.0)
     h = self.vocab_memory_last
     single = self.pp == 1
+    if self._ends_on_one_rank is not None:
+      single = single | self._ends_on_one_rank
     out = {k: e[k] + np.where(single, h[k], 0) for k in e}
     out['activation_gradients'] = np.where(
       single, np.maximum(e['activation_gradients'],
