@@ -437,14 +437,7 @@ def test_every_searched_execution_exports(index):
     layers = export.offloaded_layers(app, e, system)
     inp = ExportInput(exe=e, app=app, source='<search>',
                       offloaded_layers=layers)
-    # its own framework takes it; the one exception is a gap of the
-    # torchtitan preset, which allows expert_tensor_par > 1 where torchtitan
-    # 0.3.0 has no expert tensor parallelism (ParallelismConfig: efsdp x ep
-    # = dp_shard x cp x tp): refused in one line naming the field
-    if own is TT and e.expert_tensor_par > 1:
-      with pytest.raises(ConfigError, match="field 'expert_tensor_par'"):
-        TT.settings(inp)
-      continue
+    # its own framework takes it
     if own is MB:
       _check_megatron(e, MB.overrides(inp))
     else:
