@@ -350,3 +350,18 @@ def test_optimal_execution_objective_through_the_cli(tmp_path):
   assert best['0']['objective']['unit'] == 's'
   assert 0.5 < best['0']['whole_run']['goodput'] <= 1
   assert best['0']['objective']['value'] <= best['1']['objective']['value']
+
+
+def test_the_plan_table_options_name_offloads_and_degrees():
+  """The options column says what a row offloads (issue 45: the searched
+  best moved its optimizer to the host and the table never said so)."""
+  from calculon.plan.report import _options
+  exe = {'microbatch_size': 2, 'pipeline_interleaving': 1,
+         'activation_recompute': 'none', 'data_par_sharding': 'gradients',
+         'context_par': 2, 'expert_par': 1, 'weight_offload': False,
+         'activations_offload': True, 'optimizer_offload': True}
+  assert _options(exe) == 'mbs2 vp1 ' + _options(exe).split()[2] + \
+    ' zero2 cp2 offload:activations+optimizer'
+  plain = dict(exe, context_par=1, activations_offload=False,
+               optimizer_offload=False)
+  assert 'offload' not in _options(plain) and 'cp' not in _options(plain)

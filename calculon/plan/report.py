@@ -42,9 +42,21 @@ def _options(exe):
     return ''
   shard = exe.get('data_par_sharding') or (
     'optimizer' if exe.get('optimizer_sharding') else 'none')
-  return (f"mbs{exe['microbatch_size']} vp{exe['pipeline_interleaving']} "
-          f"{_RECOMPUTE.get(exe['activation_recompute'], '?')} "
-          f"{_SHARD.get(shard, shard)}")
+  parts = [f"mbs{exe['microbatch_size']}",
+           f"vp{exe['pipeline_interleaving']}",
+           _RECOMPUTE.get(exe['activation_recompute'], '?'),
+           _SHARD.get(shard, shard)]
+  for degree, short in (('context_par', 'cp'), ('expert_par', 'ep')):
+    if (exe.get(degree) or 1) > 1:
+      parts.append(f'{short}{exe[degree]}')
+  if exe.get('pipeline_schedule'):
+    parts.append(exe['pipeline_schedule'])
+  offloads = [short for field, short in (
+    ('weight_offload', 'weights'), ('activations_offload', 'activations'),
+    ('optimizer_offload', 'optimizer')) if exe.get(field)]
+  if offloads:
+    parts.append('offload:' + '+'.join(offloads))
+  return ' '.join(parts)
 
 
 def _num(value, fmt):
