@@ -30,6 +30,7 @@ TIME_PARTS = (
   ('TP communication (exposed)', 'tp_comm_exposed_time'),
   ('TP re-communication (exposed)', 'recomm_exposed_time'),
   ('PP communication (exposed)', 'pp_comm_exposed_time'),
+  ('DualPipe mirrored stages (gradients, step)', 'pp_mirror_time'),
   ('DP communication (exposed)', 'dp_comm_exposed_time'),
   ('forward offload (exposed)', 'fw_offload_exposed_time'),
   ('backward offload (exposed)', 'bw_offload_exposed_time'),

@@ -131,7 +131,7 @@ MODERN_STATS = (
   _S('expert_weight_space', 'expert_weight_bytes', 'B', 'routed-expert weights per processor (unsharded)'),
   _S('overhead_time', 'overhead_time_s', 's', "the system's fixed overheads (per step and per microbatch), whole batch"),
   _S('moe_host_time', 'moe_host_time_s', 's', "time the MoE blocks wait for the host beyond their GPU work (overhead per_moe_block_s), whole batch"),
-  _S('host_optimizer_time', 'host_optimizer_time_s', 's', "what the optimizer step on the host adds beyond the device step (optimizer_offload with optimizer_offload_step host_*)"),
+  _S('host_optimizer_time', 'host_optimizer_time_s', 's', "what the optimizer step on the host adds beyond the device step (the optimizer state offloaded and stepped on the host)"),
   _S('proc_mem_tier1_usable', 'mem1_usable_bytes', 'B', 'memory tier 1 a run may fill per processor (capacity less the memory_reserve headroom and runtime)'),
   _S('first_stage_mem_tier1_cap_req', 'first_stage_mem1_bytes', 'B', 'memory tier 1 needed by a first-stage processor'),
   _S('last_stage_mem_tier1_cap_req', 'last_stage_mem1_bytes', 'B', 'memory tier 1 needed by a last-stage processor'),
