@@ -1200,6 +1200,15 @@ DEPLOYMENT = (
   _dep('static_batch', _INT1, 'workload', 'a static batch: every '
        'request starts and ends together (no continuous batching)',
        absent=None, absent_doc='continuous batching'),
+  _dep('num_requests', _INT1, 'workload', 'a finite benchmark: this '
+       'many requests sent at once (request rate infinite), priced as '
+       'the drain of the batch: output tokens / makespan, with the '
+       'prefill of every request and the tail as requests finish',
+       absent=None, absent_doc='a steady state', unit='requests'),
+  _dep('variable_lengths', _BOOL, 'workload', 'output lengths vary '
+       'about osl (a ShareGPT-like mix): with num_requests, i.i.d. '
+       'exponential of mean osl, so the drain runs to the longest',
+       absent=False),
   _dep('max_num_seqs', _INT1, 'batching', 'most sequences in one '
        'iteration (vLLM max_num_seqs, TensorRT-LLM max_batch_size, '
        'SGLang max_running_requests)', absent=None,

@@ -180,6 +180,20 @@ def price(app, system, dep, concurrency=None):
       reason = (f'the request rate {dep.request_rate}/s exceeds what the '
                 'deployment serves (prefill share or running sequences '
                 'beyond the limits)')
+  elif dep.num_requests is not None:
+    N = np.maximum(np.ceil(dep.num_requests / adp), 1)
+    cap = np.maximum(max_run, 1)
+    if dep.concurrency is not None:
+      cap = np.minimum(cap, np.maximum(np.ceil(dep.concurrency / adp), 1))
+    run = np.minimum(N, cap)
+    steady = _aggregated(app, system, dep, w, run, t_dec_of, chunked,
+                         mixed, overhead)
+    st = steady['steady']
+    out = batching.drain(N, run, isl, osl, t_dec_of, st['tau'], st['q'],
+                         steady, bool(dep.variable_lengths), overhead)
+    out['requests_per_s'] = out['requests_per_s'] * adp
+    out['output_tokens_per_s'] = out['output_tokens_per_s'] * adp
+    running = run * adp
   else:
     C = concurrency if concurrency is not None else dep.concurrency
     if C is None:

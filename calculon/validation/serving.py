@@ -28,10 +28,15 @@ Conventions (what a row leaves unstated):
   ``max_num_tokens N`` are read;
 * workload: 'concurrency=N' a closed loop of N users; 'static batch=B'
   a static batch; 'request_rate=R' an open loop; 'offline max-throughput',
-  'request_rate=inf' and 'N prompts at request_rate=inf' the offline
+  'request_rate=inf' the offline
   maximum (as many sequences as the KV cache and max_num_seqs allow);
-  'N prompts at request_rate=inf' a closed loop of N users (all sent at
-  once);
+  a finite benchmark at an infinite rate ('N prompts at
+  request_rate=inf', 'request_rate=inf, N prompts', or 'N requests' in
+  the source or notes) ``num_requests`` N: the drain of the batch
+  (output tokens / makespan, prefill of all N and the tail as requests
+  finish; :func:`calculon.serving.batching.drain`), with
+  ``variable_lengths`` for ShareGPT rows (exponential output lengths of
+  the mean: the tail runs to the longest of N);
   ShareGPT (variable lengths) -> isl 230, osl 200 (:data:`SHAREGPT`:
   approximate means of the ShareGPT_V3 conversations the benchmark
   scripts sample, not measured here);
@@ -171,9 +176,11 @@ def deployment_of(row, base_dir):
   notes = row.get('notes') or ''
   assumptions = []
   isl, osl = _int(row['isl']), _int(row['osl'])
+  variable = False
   if isl is None or osl is None:
     if 'sharegpt' in (row['isl'] + row['osl']).lower():
       isl, osl = SHAREGPT
+      variable = True
       assumptions.append(f'ShareGPT lengths: isl {isl}, osl {osl}')
     else:
       return f"lengths isl '{row['isl']}', osl '{row['osl']}' not known"
@@ -234,10 +241,14 @@ def deployment_of(row, base_dir):
     f['static_batch'] = int(m_static.group(1))
   elif m_rate:
     f['request_rate'] = float(m_rate.group(1))
-  elif re.match(r'(\d+) prompts at request_rate=inf', load):
-    f['concurrency'] = int(re.match(r'(\d+)', load).group(1))
-    assumptions.append(f"{f['concurrency']} prompts at once: a closed loop "
-                       'of that many users')
+  elif _finite(load, row) is not None:
+    f['num_requests'] = _finite(load, row)
+    if variable:
+      f['variable_lengths'] = True
+    assumptions.append(
+      f"{f['num_requests']} requests at once: the drain of the batch "
+      '(output tokens / makespan)' +
+      (', exponential output lengths' if variable else ''))
   elif 'inf' in load or 'offline' in load:
     assumptions.append('offline: as many sequences as the KV cache and '
                        'max_num_seqs hold')
@@ -262,6 +273,19 @@ def deployment_of(row, base_dir):
   if replicas > 1:
     assumptions.append(f'{replicas} replicas of {size} GPUs')
   return (app_path, sys_path, f, assumptions, replicas, kind)
+
+
+def _finite(load, row):
+  """Requests of a finite benchmark sent at once (request rate
+  infinite): 'N prompts at request_rate=inf', 'request_rate=inf, N
+  prompts', or an infinite rate with 'N requests' in the source or
+  notes; None otherwise."""
+  if 'inf' not in load:
+    return None
+  m = re.search(r'(\d+) prompts', load) or re.search(
+    r'(\d+) requests\b', (row.get('source') or '') + ' ' +
+    (row.get('notes') or ''))
+  return int(m.group(1)) if m else None
 
 
 def predicted(res, row, kind, replicas):
