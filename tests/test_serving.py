@@ -348,3 +348,24 @@ def test_num_requests_with_a_rate_is_refused(tmp_path):
                 'systems/h100_sxm_80g_datasheet.json')
   assert res.returncode == 2 and 'Traceback' not in res.stderr
   assert "'num_requests' = 10" in res.stderr
+
+
+def test_multi_step_scheduling_itl_and_ttft():
+  """vLLM --num-scheduler-steps 10: tokens reach the client in bursts of
+  10 steps (ITL = 10 x TPOT) and a prompt waits (10 - 1) / 2 = 4.5 steps
+  more for the running round to end; TPOT per token is unchanged."""
+  from calculon.serving import deployment as D
+  from calculon.serving.price import price
+  app, system = _app('llama3-8B'), _system('h100_sxm_80g_datasheet')
+  got = {}
+  for n in (1, 10):
+    fields = dict(framework='vllm', isl=256, osl=128, request_rate=4.0,
+                  scheduler_steps=n)
+    dep = D.resolve(D.read_deployment(fields, 'x'), app, system, 'x')
+    got[n] = {k: float(np.ravel(v)[0]) for k, v in price(app, system, dep)
+              .items() if k in ('ttft_ms', 'tpot_ms', 'itl_ms')}
+  assert got[1]['itl_ms'] == pytest.approx(got[1]['tpot_ms'])
+  assert got[10]['tpot_ms'] == pytest.approx(got[1]['tpot_ms'])
+  assert got[10]['itl_ms'] == pytest.approx(10 * got[1]['tpot_ms'])
+  assert got[10]['ttft_ms'] - got[1]['ttft_ms'] == pytest.approx(
+    4.5 * got[1]['tpot_ms'])

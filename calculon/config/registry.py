@@ -1224,6 +1224,14 @@ DEPLOYMENT = (
   _dep('prefill_chunk', _INT1, 'batching', 'prefill tokens per '
        'iteration with chunked prefill', absent=None,
        absent_doc='max_num_tokens', unit='tokens'),
+  _dep('scheduler_steps', _INT1, 'batching', 'decode steps per '
+       'scheduling round (vLLM multi-step scheduling, '
+       '--num-scheduler-steps, default 1): tokens stream in bursts of n '
+       '(the client\'s inter-token latency is n steps) and new prompts '
+       'join between rounds', absent=1,
+       source='vllm-project/vllm vllm/engine/arg_utils.py v0.6.0 '
+       'EngineArgs.num_scheduler_steps = 1 ("Maximum number of forward '
+       'steps per scheduler call")'),
   _dep('cuda_graphs', _BOOL, 'batching', 'decode steps replayed as CUDA '
        'graphs (no per-kernel launch cost)', absent=None,
        absent_doc="the framework's"),

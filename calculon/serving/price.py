@@ -211,11 +211,19 @@ def price(app, system, dep, concurrency=None):
     out['requests_per_s'] = X * adp
     out['output_tokens_per_s'] = out['output_tokens_per_s'] * adp
     running = run * adp
+  # Multi-step scheduling: a prompt that arrives during a round of n
+  # steps waits its residual beyond the one step already priced, (n - 1)
+  # / 2 steps in the mean; tokens reach the client in bursts of n.
+  n_round = dep.scheduler_steps
+  if n_round > 1:
+    out['ttft_s'] = out['ttft_s'] + (n_round - 1) / 2 * out['tpot_s']
+    out['latency_s'] = out['latency_s'] + (n_round - 1) / 2 * out['tpot_s']
   gpus = gpus_worker if gpus_worker is not None else out.pop('gpus')
   res = {
     'feasible': reason == '', 'reason': reason, 'gpus': gpus,
     'concurrency': running,
     'ttft_ms': out['ttft_s'] * 1e3, 'tpot_ms': out['tpot_s'] * 1e3,
+    'itl_ms': out['tpot_s'] * n_round * 1e3,
     'latency_ms': out['latency_s'] * 1e3,
     'requests_per_s': out['requests_per_s'],
     'output_tokens_per_s': out['output_tokens_per_s'],

@@ -45,6 +45,11 @@ Conventions (what a row leaves unstated):
   stated: EP = TP (the experts spread over the worker), with
   'moe_ep=N, moe_tp=M' in the notes those; 'attention_dp=True' attention
   DP over the worker;
+* vLLM multi-step scheduling: the notes' '--num-scheduler-steps N' or
+  'multi-step N' on a vLLM row sets ``scheduler_steps`` N (a flag of
+  another framework named in the notes is not that row's); itl_*
+  metrics are the gap between streamed bursts (N steps), tpot_* the
+  mean per token;
 * statistic: mean, median or unstated are all compared with the model's
   steady-state figure (the model has no distribution);
 * metric kind: throughput (total_output_tokens_per_s, output_tokens_per_s:
@@ -226,6 +231,11 @@ def deployment_of(row, base_dir):
     m = re.search(pattern, notes, re.I)
     if m and field not in f:
       f[field] = conv(m.group(1))
+  m_steps = re.search(r'(?:--num-scheduler-steps|multi-step) (\d+)', notes)
+  if m_steps and fw == 'vllm' and int(m_steps.group(1)) > 1:
+    f['scheduler_steps'] = int(m_steps.group(1))
+    assumptions.append(f'vLLM multi-step scheduling: {m_steps.group(1)} '
+                       'steps a round (ITL = the gap between bursts)')
   load = row['concurrency_or_rate'].strip().lower()
   m_conc = re.match(r'concurrency=(\d+)', load)
   m_static = re.match(r'static batch=(\d+)', load)
@@ -293,6 +303,8 @@ def predicted(res, row, kind, replicas):
   m = row['metric'].lower()
   if kind == 'ttft':
     return float(np.ravel(res['ttft_ms'])[0])
+  if kind == 'tpot' and m.startswith('itl'):
+    return float(np.ravel(res['itl_ms'])[0])
   if kind == 'tpot':
     return float(np.ravel(res['tpot_ms'])[0])
   if m.endswith('per_gpu'):
