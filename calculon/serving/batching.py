@@ -34,6 +34,13 @@ rho)) (Kleinrock 1975, Queueing Systems vol. 1, Pollaczek-Khinchine), and
 the running batch is Little's law's C = lambda x latency (solved by
 fixed-point iteration).
 
+A finite benchmark (:func:`drain`: N requests sent at once, the request
+rate infinite) is not a steady state: its throughput is N x osl over the
+makespan, the prefill of the first wave, the steady closed loop while
+requests beyond the running limit wait for slots, and the drain of the
+last wave; with variable (exponential) output lengths the drain runs to
+the longest of them, (osl - 1) H_B steps at shrinking batches.
+
 Reads: nothing (arrays in, arrays out).
 """
 

@@ -7,7 +7,11 @@ throughputs, with the parts that add up.  The workload decides the
 steady state: a static batch, a closed loop at a concurrency, an open
 loop at a request rate, or offline max throughput (as many sequences as
 ``max_num_seqs`` and the KV cache allow, a closed loop at that
-concurrency); the mode decides aggregated (:mod:`~calculon.serving.batching`)
+concurrency), or a finite benchmark (``num_requests`` sent at once:
+the drain of the batch, :func:`calculon.serving.batching.drain`); with
+``scheduler_steps`` n > 1 (vLLM multi-step scheduling) 'itl_ms' is the
+gap between bursts of n tokens and TTFT waits (n - 1) / 2 steps more;
+the mode decides aggregated (:mod:`~calculon.serving.batching`)
 or disaggregated (:mod:`~calculon.serving.disagg`).  ``concurrency`` may
 be an array (the search prices a column of them in one pass).
 
