@@ -369,3 +369,20 @@ def test_multi_step_scheduling_itl_and_ttft():
   assert got[10]['itl_ms'] == pytest.approx(10 * got[1]['tpot_ms'])
   assert got[10]['ttft_ms'] - got[1]['ttft_ms'] == pytest.approx(
     4.5 * got[1]['tpot_ms'])
+
+
+def test_serve_cli_finite_benchmark_makespan(tmp_path):
+  """`calculon serve` with num_requests reports the makespan; 64
+  requests of 100 output tokens: tokens/s x makespan = 6,400 tokens."""
+  dep = _dep(tmp_path, framework='vllm', isl=200, osl=100, num_requests=64,
+             variable_lengths=True)
+  out = tmp_path / 'out.json'
+  res = run_cli('serve', 'models/llama3-8B.json', dep,
+                'systems/h100_sxm_80g_datasheet.json', str(out))
+  assert res.returncode == 0, res.stderr
+  got = json.loads(out.read_text())
+  assert np.ravel(got['makespan_ms'])[0] / 1e3 * \
+    np.ravel(got['output_tokens_per_s'])[0] == pytest.approx(6400)
+  res = run_cli('serve', 'models/llama3-8B.json', dep,
+                'systems/h100_sxm_80g_datasheet.json')
+  assert '64 requests at once: makespan' in res.stdout

@@ -1203,7 +1203,8 @@ DEPLOYMENT = (
   _dep('num_requests', _INT1, 'workload', 'a finite benchmark: this '
        'many requests sent at once (request rate infinite), priced as '
        'the drain of the batch: output tokens / makespan, with the '
-       'prefill of every request and the tail as requests finish',
+       'prefill of every request and the tail as requests finish '
+       '(with concurrency: at most that many in flight)',
        absent=None, absent_doc='a steady state', unit='requests'),
   _dep('variable_lengths', _BOOL, 'workload', 'output lengths vary '
        'about osl (a ShareGPT-like mix): with num_requests, i.i.d. '

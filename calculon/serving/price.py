@@ -239,6 +239,8 @@ def price(app, system, dep, concurrency=None):
   for k in ('prefill_requests_per_s', 'decode_requests_per_s', 'steady'):
     if k in out:
       res[k] = out[k]
+  if 'makespan_s' in out:
+    res['makespan_ms'] = out['makespan_s'] * 1e3
   res['memory'] = mem
   _, parts = decode_step_s(app, system, w, np.maximum(
     np.asarray(res['concurrency']) / adp, 1), ctx, dep.kv_bytes, dtype,
