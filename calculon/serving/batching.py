@@ -185,7 +185,7 @@ def drain(requests, run, isl, osl, t_dec_of, tau, q, steady, variable,
     dict of arrays as :func:`closed_loop` plus 'makespan_s'.
   """
   N = np.asarray(requests, float)
-  B = np.maximum(np.minimum(N, np.asarray(run, float)), 1)
+  B = np.maximum(np.floor(np.minimum(N, np.asarray(run, float))), 1)
   i_pre = np.ceil(B * isl / q)
   t_pre = B * isl * tau + i_pre * overhead_s
   ttft_wave = t_pre * (i_pre + 1) / (2 * i_pre)
