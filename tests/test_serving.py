@@ -287,3 +287,102 @@ def test_kv_capacity_llama3_70b_vllm_tp8_by_hand():
   tokens = (kv // (40960 * 16)) * 16
   assert m['kv_tokens'] == tokens
   assert m['max_concurrency'] == tokens // 2048
+
+
+def test_drain_of_a_finite_batch_by_hand():
+  """Four requests sent at once, two running at a time, prompts of 10
+  tokens (one iteration of 100), 5 output tokens, decode step 10 ms +
+  1 ms a sequence, prefill 1 ms a token; the steady state of two users
+  serves 10 requests/s (TTFT 50 ms, TPOT 20 ms).  Prefill of the first
+  two: 20 ms (mean TTFT 20 ms); the other two enter at 10/s: 200 ms;
+  the last two, equal lengths, finish together after 4 steps of 12 ms:
+  48 ms.  Makespan 268 ms; 20 tokens / 0.268 s."""
+  from calculon.serving.batching import drain
+  steady = {'requests_per_s': 10.0, 'ttft_s': 0.05, 'tpot_s': 0.02}
+  t = lambda c: 0.010 + 0.001 * np.asarray(c, float)
+  out = drain(4, 2, 10, 5, t, 1e-3, 100, steady, False)
+  assert out['makespan_s'] == pytest.approx(0.268)
+  assert out['output_tokens_per_s'] == pytest.approx(20 / 0.268)
+  # TTFT: (2 x 20 ms + 2 x (20 + 2 / (2 x 10) s + 50 ms)) / 4 = 95 ms.
+  assert out['ttft_s'] == pytest.approx(0.095)
+  # TPOT: (2 x 12 ms + 2 x 20 ms) / 4 = 16 ms.
+  assert out['tpot_s'] == pytest.approx(0.016)
+
+
+def test_drain_with_exponential_lengths_runs_the_tail():
+  """Three requests at once, 11 output tokens (10 decode steps in the
+  mean, exponential): while r run, the next finishes after 10 / r steps,
+  so the drain is 10 (t(1) + t(2) / 2 + t(3) / 3) = 10 (11 + 6 +
+  4.333) ms = 213.3 ms; with the 30 ms prefill 243.3 ms.  TPOT: the mean
+  of t(1..3) = 12 ms."""
+  from calculon.serving.batching import drain
+  t = lambda c: 0.010 + 0.001 * np.asarray(c, float)
+  steady = {'requests_per_s': 1.0, 'ttft_s': 0.0, 'tpot_s': 0.0}
+  out = drain(3, 3, 10, 11, t, 1e-3, 100, steady, True)
+  assert out['makespan_s'] == pytest.approx(0.03 + 0.01 * (11 + 6 + 13 / 3))
+  assert out['tpot_s'] == pytest.approx(0.012)
+  fixed = drain(3, 3, 10, 11, t, 1e-3, 100, steady, False)
+  # Equal lengths: all three finish after 10 steps of 13 ms.
+  assert fixed['makespan_s'] == pytest.approx(0.03 + 10 * 0.013)
+
+
+def test_one_request_drain_is_a_batch_of_one():
+  """A benchmark of one request is a static batch of one: the same
+  prefill pass and osl - 1 decode steps, so the same throughput."""
+  from calculon.serving import deployment as D
+  from calculon.serving.price import price
+  app, system = _app('llama3-8B'), _system('h100_sxm_80g_datasheet')
+  got = {}
+  for key, extra in (('drain', {'num_requests': 1}),
+                     ('static', {'static_batch': 1})):
+    fields = dict(framework='vllm', isl=512, osl=64, **extra)
+    dep = D.resolve(D.read_deployment(fields, 'x'), app, system, 'x')
+    got[key] = float(np.ravel(price(app, system, dep)
+                              ['output_tokens_per_s'])[0])
+  assert got['drain'] == pytest.approx(got['static'], rel=1e-9)
+
+
+def test_num_requests_with_a_rate_is_refused(tmp_path):
+  dep = _dep(tmp_path, isl=128, osl=128, num_requests=10, request_rate=2.0)
+  res = run_cli('serve', 'models/llama3-70B.json', dep,
+                'systems/h100_sxm_80g_datasheet.json')
+  assert res.returncode == 2 and 'Traceback' not in res.stderr
+  assert "'num_requests' = 10" in res.stderr
+
+
+def test_multi_step_scheduling_itl_and_ttft():
+  """vLLM --num-scheduler-steps 10: tokens reach the client in bursts of
+  10 steps (ITL = 10 x TPOT) and a prompt waits (10 - 1) / 2 = 4.5 steps
+  more for the running round to end; TPOT per token is unchanged."""
+  from calculon.serving import deployment as D
+  from calculon.serving.price import price
+  app, system = _app('llama3-8B'), _system('h100_sxm_80g_datasheet')
+  got = {}
+  for n in (1, 10):
+    fields = dict(framework='vllm', isl=256, osl=128, request_rate=4.0,
+                  scheduler_steps=n)
+    dep = D.resolve(D.read_deployment(fields, 'x'), app, system, 'x')
+    got[n] = {k: float(np.ravel(v)[0]) for k, v in price(app, system, dep)
+              .items() if k in ('ttft_ms', 'tpot_ms', 'itl_ms')}
+  assert got[1]['itl_ms'] == pytest.approx(got[1]['tpot_ms'])
+  assert got[10]['tpot_ms'] == pytest.approx(got[1]['tpot_ms'])
+  assert got[10]['itl_ms'] == pytest.approx(10 * got[1]['tpot_ms'])
+  assert got[10]['ttft_ms'] - got[1]['ttft_ms'] == pytest.approx(
+    4.5 * got[1]['tpot_ms'])
+
+
+def test_serve_cli_finite_benchmark_makespan(tmp_path):
+  """`calculon serve` with num_requests reports the makespan; 64
+  requests of 100 output tokens: tokens/s x makespan = 6,400 tokens."""
+  dep = _dep(tmp_path, framework='vllm', isl=200, osl=100, num_requests=64,
+             variable_lengths=True)
+  out = tmp_path / 'out.json'
+  res = run_cli('serve', 'models/llama3-8B.json', dep,
+                'systems/h100_sxm_80g_datasheet.json', str(out))
+  assert res.returncode == 0, res.stderr
+  got = json.loads(out.read_text())
+  assert np.ravel(got['makespan_ms'])[0] / 1e3 * \
+    np.ravel(got['output_tokens_per_s'])[0] == pytest.approx(6400)
+  res = run_cli('serve', 'models/llama3-8B.json', dep,
+                'systems/h100_sxm_80g_datasheet.json')
+  assert '64 requests at once: makespan' in res.stdout

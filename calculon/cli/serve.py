@@ -109,7 +109,11 @@ def report_lines(res, dep):
     f'{_num(res["concurrency"]):.0f} on {_num(res["gpus"])} GPU(s)',
     '',
     f'TTFT                      {_num(res["ttft_ms"]):10.2f} ms',
-    f'TPOT (ITL)                {_num(res["tpot_ms"]):10.3f} ms',
+    f'TPOT (ITL)                {_num(res["tpot_ms"]):10.3f} ms'
+    if dep.scheduler_steps == 1 else
+    f'TPOT                      {_num(res["tpot_ms"]):10.3f} ms\n'
+    f'ITL ({dep.scheduler_steps}-step bursts)      '
+    f'{_num(res["itl_ms"]):10.3f} ms',
     f'request latency           {_num(res["latency_ms"]):10.1f} ms',
     f'output tokens/s           {_num(res["output_tokens_per_s"]):10.1f}',
     f'output tokens/s per GPU   '
@@ -120,6 +124,12 @@ def report_lines(res, dep):
     f'max concurrency (KV)      '
     f'{_num(m["max_concurrency"]) * dep.attention_dp:10.0f} sequences of '
     f'{dep.isl + dep.osl} tokens',
+  ]
+  if 'makespan_ms' in res:
+    lines.append(f'{dep.num_requests} requests at once: makespan '
+                 f'{_num(res["makespan_ms"]) / 1e3:.2f} s (the drain of '
+                 'the batch)')
+  lines += [
     '',
     'memory per GPU (GiB):',
     f'  weights                 {_num(m["weights_bytes"]) / g:10.2f}',

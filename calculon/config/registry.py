@@ -1200,6 +1200,16 @@ DEPLOYMENT = (
   _dep('static_batch', _INT1, 'workload', 'a static batch: every '
        'request starts and ends together (no continuous batching)',
        absent=None, absent_doc='continuous batching'),
+  _dep('num_requests', _INT1, 'workload', 'a finite benchmark: this '
+       'many requests sent at once (request rate infinite), priced as '
+       'the drain of the batch: output tokens / makespan, with the '
+       'prefill of every request and the tail as requests finish '
+       '(with concurrency: at most that many in flight)',
+       absent=None, absent_doc='a steady state', unit='requests'),
+  _dep('variable_lengths', _BOOL, 'workload', 'output lengths vary '
+       'about osl (a ShareGPT-like mix): with num_requests, i.i.d. '
+       'exponential of mean osl, so the drain runs to the longest',
+       absent=False),
   _dep('max_num_seqs', _INT1, 'batching', 'most sequences in one '
        'iteration (vLLM max_num_seqs, TensorRT-LLM max_batch_size, '
        'SGLang max_running_requests)', absent=None,
@@ -1215,6 +1225,14 @@ DEPLOYMENT = (
   _dep('prefill_chunk', _INT1, 'batching', 'prefill tokens per '
        'iteration with chunked prefill', absent=None,
        absent_doc='max_num_tokens', unit='tokens'),
+  _dep('scheduler_steps', _INT1, 'batching', 'decode steps per '
+       'scheduling round (vLLM multi-step scheduling, '
+       '--num-scheduler-steps, default 1): tokens stream in bursts of n '
+       '(the client\'s inter-token latency is n steps) and new prompts '
+       'join between rounds', absent=1,
+       source='vllm-project/vllm vllm/engine/arg_utils.py v0.6.0 '
+       'EngineArgs.num_scheduler_steps = 1 ("Maximum number of forward '
+       'steps per scheduler call")'),
   _dep('cuda_graphs', _BOOL, 'batching', 'decode steps replayed as CUDA '
        'graphs (no per-kernel launch cost)', absent=None,
        absent_doc="the framework's"),

@@ -34,6 +34,13 @@ rho)) (Kleinrock 1975, Queueing Systems vol. 1, Pollaczek-Khinchine), and
 the running batch is Little's law's C = lambda x latency (solved by
 fixed-point iteration).
 
+A finite benchmark (:func:`drain`: N requests sent at once, the request
+rate infinite) is not a steady state: its throughput is N x osl over the
+makespan, the prefill of the first wave, the steady closed loop while
+requests beyond the running limit wait for slots, and the drain of the
+last wave; with variable (exponential) output lengths the drain runs to
+the longest of them, (osl - 1) H_B steps at shrinking batches.
+
 Reads: nothing (arrays in, arrays out).
 """
 
@@ -136,3 +143,74 @@ def static_batch(batch, osl, t_prefill, t_dec, overhead_s=0.0):
   return {'ttft_s': t_prefill, 'tpot_s': np.where(osl > 1, t_dec, 0.0),
           'latency_s': W, 'requests_per_s': batch / W,
           'output_tokens_per_s': batch * osl / W}
+
+
+def drain(requests, run, isl, osl, t_dec_of, tau, q, steady, variable,
+          overhead_s=0.0):
+  """A finite benchmark: ``requests`` sent at once (request rate
+  infinite), at most ``run`` running; the batch drains to the last
+  request.  Arrays broadcast (``requests`` and ``run`` per rank).
+
+  Phases (B = min(requests, run)):
+
+  * prefill of the first B prompts, first come first served in
+    iterations of ``q`` tokens: T_pre = B isl tau + I overhead,
+    I = ceil(B isl / q); the wave's mean TTFT = T_pre (I + 1) / (2 I)
+    (schedulers take waiting prompts first: vLLM ``Scheduler._schedule``,
+    TensorRT-LLM's in-flight batching; Sarathi-Serve section 2.3);
+  * the requests beyond B enter as slots free, at the steady closed
+    loop's rate X of B users (``steady``: the dict of
+    :func:`closed_loop` at B): T_mid = (requests - B) / X; each waits
+    T_pre + its place in line / X, then the steady TTFT;
+  * the drain of the last B: equal lengths finish together after
+    osl - 1 steps of t_dec(B); variable lengths (``variable``:
+    i.i.d. exponential decode lengths of mean osl - 1, memoryless, so
+    the same for the last B whenever they started) finish one by one:
+    while r run, the next finish comes after (osl - 1) / r steps in
+    expectation (the minimum of r exponentials), so T_drain =
+    sum_{r=1..B} (osl - 1) / r x t_dec(r) and the last request ends
+    after (osl - 1) H_B steps (H_B the harmonic number).
+
+  Throughput = requests x osl / (T_pre + T_mid + T_drain); TPOT the
+  token-weighted mean step (the drain's: t_dec(B) equal, the mean of
+  t_dec(r) over r = 1..B variable); TTFT the mean over all requests.
+
+  Args:
+    t_dec_of: decode step seconds at a running batch (vectorized).
+    tau: seconds of prefill per prompt token; q: prefill tokens per
+      iteration.
+    overhead_s: host time of every iteration.
+
+  Returns:
+    dict of arrays as :func:`closed_loop` plus 'makespan_s'.
+  """
+  N = np.asarray(requests, float)
+  B = np.maximum(np.floor(np.minimum(N, np.asarray(run, float))), 1)
+  i_pre = np.ceil(B * isl / q)
+  t_pre = B * isl * tau + i_pre * overhead_s
+  ttft_wave = t_pre * (i_pre + 1) / (2 * i_pre)
+  X = np.asarray(steady['requests_per_s'], float)
+  rest = np.maximum(N - B, 0)
+  t_mid = rest / X
+  steps = max(osl - 1, 0)
+  if variable:
+    top = int(np.max(B))
+    r = np.arange(1, top + 1, dtype=float)
+    t_r = np.asarray(t_dec_of(r), float) * np.ones_like(r) + overhead_s
+    by_r = np.concatenate([[0.0], np.cumsum(t_r / r)])
+    mean_r = np.concatenate([[0.0], np.cumsum(t_r)])
+    idx = B.astype(np.int64)
+    t_drain = steps * by_r[idx]
+    tpot_drain = mean_r[idx] / B
+  else:
+    tpot_drain = t_dec_of(B) + overhead_s
+    t_drain = steps * tpot_drain
+  makespan = t_pre + t_mid + t_drain
+  ttft = (B * ttft_wave + rest * (t_pre + rest / (2 * X) +
+                                  steady['ttft_s'])) / N
+  tpot = np.where(osl > 1, (B * tpot_drain + rest * steady['tpot_s']) / N,
+                  0.0)
+  return {'ttft_s': ttft, 'tpot_s': tpot,
+          'latency_s': ttft + steps * tpot, 'makespan_s': makespan,
+          'requests_per_s': N / makespan,
+          'output_tokens_per_s': N * osl / makespan}

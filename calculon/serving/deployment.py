@@ -159,6 +159,12 @@ def resolve(fields, app, system, source='<deployment>'):
   if d['static_batch'] is not None and d['mode'] != 'aggregated':
     _fail(source, 'static_batch', d['static_batch'],
           'a static batch is an aggregated run')
+  if d['num_requests'] is not None and (
+      d['mode'] != 'aggregated' or d['request_rate'] is not None or
+      d['static_batch'] is not None):
+    _fail(source, 'num_requests', d['num_requests'],
+          'a finite benchmark (all requests sent at once) is an aggregated '
+          'run without request_rate or static_batch')
   d['weight_bytes_per_param'] = SERVING_DATATYPE_BYTES[d['weight_datatype']]
   d['act_bytes'] = SERVING_DATATYPE_BYTES[adt]
   d['kv_bytes'] = SERVING_DATATYPE_BYTES[d['kv_cache_datatype']]

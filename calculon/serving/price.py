@@ -7,7 +7,11 @@ throughputs, with the parts that add up.  The workload decides the
 steady state: a static batch, a closed loop at a concurrency, an open
 loop at a request rate, or offline max throughput (as many sequences as
 ``max_num_seqs`` and the KV cache allow, a closed loop at that
-concurrency); the mode decides aggregated (:mod:`~calculon.serving.batching`)
+concurrency), or a finite benchmark (``num_requests`` sent at once:
+the drain of the batch, :func:`calculon.serving.batching.drain`); with
+``scheduler_steps`` n > 1 (vLLM multi-step scheduling) 'itl_ms' is the
+gap between bursts of n tokens and TTFT waits (n - 1) / 2 steps more;
+the mode decides aggregated (:mod:`~calculon.serving.batching`)
 or disaggregated (:mod:`~calculon.serving.disagg`).  ``concurrency`` may
 be an array (the search prices a column of them in one pass).
 
@@ -180,6 +184,20 @@ def price(app, system, dep, concurrency=None):
       reason = (f'the request rate {dep.request_rate}/s exceeds what the '
                 'deployment serves (prefill share or running sequences '
                 'beyond the limits)')
+  elif dep.num_requests is not None:
+    N = np.maximum(np.ceil(dep.num_requests / adp), 1)
+    cap = np.maximum(max_run, 1)
+    if dep.concurrency is not None:
+      cap = np.minimum(cap, np.maximum(np.ceil(dep.concurrency / adp), 1))
+    run = np.minimum(N, cap)
+    steady = _aggregated(app, system, dep, w, run, t_dec_of, chunked,
+                         mixed, overhead)
+    st = steady['steady']
+    out = batching.drain(N, run, isl, osl, t_dec_of, st['tau'], st['q'],
+                         steady, bool(dep.variable_lengths), overhead)
+    out['requests_per_s'] = out['requests_per_s'] * adp
+    out['output_tokens_per_s'] = out['output_tokens_per_s'] * adp
+    running = run * adp
   else:
     C = concurrency if concurrency is not None else dep.concurrency
     if C is None:
@@ -197,11 +215,19 @@ def price(app, system, dep, concurrency=None):
     out['requests_per_s'] = X * adp
     out['output_tokens_per_s'] = out['output_tokens_per_s'] * adp
     running = run * adp
+  # Multi-step scheduling: a prompt that arrives during a round of n
+  # steps waits its residual beyond the one step already priced, (n - 1)
+  # / 2 steps in the mean; tokens reach the client in bursts of n.
+  n_round = dep.scheduler_steps
+  if n_round > 1:
+    out['ttft_s'] = out['ttft_s'] + (n_round - 1) / 2 * out['tpot_s']
+    out['latency_s'] = out['latency_s'] + (n_round - 1) / 2 * out['tpot_s']
   gpus = gpus_worker if gpus_worker is not None else out.pop('gpus')
   res = {
     'feasible': reason == '', 'reason': reason, 'gpus': gpus,
     'concurrency': running,
     'ttft_ms': out['ttft_s'] * 1e3, 'tpot_ms': out['tpot_s'] * 1e3,
+    'itl_ms': out['tpot_s'] * n_round * 1e3,
     'latency_ms': out['latency_s'] * 1e3,
     'requests_per_s': out['requests_per_s'],
     'output_tokens_per_s': out['output_tokens_per_s'],
@@ -213,6 +239,8 @@ def price(app, system, dep, concurrency=None):
   for k in ('prefill_requests_per_s', 'decode_requests_per_s', 'steady'):
     if k in out:
       res[k] = out[k]
+  if 'makespan_s' in out:
+    res['makespan_ms'] = out['makespan_s'] * 1e3
   res['memory'] = mem
   _, parts = decode_step_s(app, system, w, np.maximum(
     np.asarray(res['concurrency']) / adp, 1), ctx, dep.kv_bytes, dtype,

@@ -28,10 +28,15 @@ Conventions (what a row leaves unstated):
   ``max_num_tokens N`` are read;
 * workload: 'concurrency=N' a closed loop of N users; 'static batch=B'
   a static batch; 'request_rate=R' an open loop; 'offline max-throughput',
-  'request_rate=inf' and 'N prompts at request_rate=inf' the offline
+  'request_rate=inf' the offline
   maximum (as many sequences as the KV cache and max_num_seqs allow);
-  'N prompts at request_rate=inf' a closed loop of N users (all sent at
-  once);
+  a finite benchmark at an infinite rate ('N prompts at
+  request_rate=inf', 'request_rate=inf, N prompts', or 'N requests' in
+  the source or notes) ``num_requests`` N: the drain of the batch
+  (output tokens / makespan, prefill of all N and the tail as requests
+  finish; :func:`calculon.serving.batching.drain`), with
+  ``variable_lengths`` for ShareGPT rows (exponential output lengths of
+  the mean: the tail runs to the longest of N);
   ShareGPT (variable lengths) -> isl 230, osl 200 (:data:`SHAREGPT`:
   approximate means of the ShareGPT_V3 conversations the benchmark
   scripts sample, not measured here);
@@ -40,6 +45,11 @@ Conventions (what a row leaves unstated):
   stated: EP = TP (the experts spread over the worker), with
   'moe_ep=N, moe_tp=M' in the notes those; 'attention_dp=True' attention
   DP over the worker;
+* vLLM multi-step scheduling: the notes' '--num-scheduler-steps N' or
+  'multi-step N' on a vLLM row sets ``scheduler_steps`` N (a flag of
+  another framework named in the notes is not that row's); itl_*
+  metrics are the gap between streamed bursts (N steps), tpot_* the
+  mean per token;
 * statistic: mean, median or unstated are all compared with the model's
   steady-state figure (the model has no distribution);
 * metric kind: throughput (total_output_tokens_per_s, output_tokens_per_s:
@@ -171,9 +181,11 @@ def deployment_of(row, base_dir):
   notes = row.get('notes') or ''
   assumptions = []
   isl, osl = _int(row['isl']), _int(row['osl'])
+  variable = False
   if isl is None or osl is None:
     if 'sharegpt' in (row['isl'] + row['osl']).lower():
       isl, osl = SHAREGPT
+      variable = True
       assumptions.append(f'ShareGPT lengths: isl {isl}, osl {osl}')
     else:
       return f"lengths isl '{row['isl']}', osl '{row['osl']}' not known"
@@ -219,6 +231,11 @@ def deployment_of(row, base_dir):
     m = re.search(pattern, notes, re.I)
     if m and field not in f:
       f[field] = conv(m.group(1))
+  m_steps = re.search(r'(?:--num-scheduler-steps|multi-step) (\d+)', notes)
+  if m_steps and fw == 'vllm' and int(m_steps.group(1)) > 1:
+    f['scheduler_steps'] = int(m_steps.group(1))
+    assumptions.append(f'vLLM multi-step scheduling: {m_steps.group(1)} '
+                       'steps a round (ITL = the gap between bursts)')
   load = row['concurrency_or_rate'].strip().lower()
   m_conc = re.match(r'concurrency=(\d+)', load)
   m_static = re.match(r'static batch=(\d+)', load)
@@ -234,10 +251,14 @@ def deployment_of(row, base_dir):
     f['static_batch'] = int(m_static.group(1))
   elif m_rate:
     f['request_rate'] = float(m_rate.group(1))
-  elif re.match(r'(\d+) prompts at request_rate=inf', load):
-    f['concurrency'] = int(re.match(r'(\d+)', load).group(1))
-    assumptions.append(f"{f['concurrency']} prompts at once: a closed loop "
-                       'of that many users')
+  elif _finite(load, row) is not None:
+    f['num_requests'] = _finite(load, row)
+    if variable:
+      f['variable_lengths'] = True
+    assumptions.append(
+      f"{f['num_requests']} requests at once: the drain of the batch "
+      '(output tokens / makespan)' +
+      (', exponential output lengths' if variable else ''))
   elif 'inf' in load or 'offline' in load:
     assumptions.append('offline: as many sequences as the KV cache and '
                        'max_num_seqs hold')
@@ -264,11 +285,26 @@ def deployment_of(row, base_dir):
   return (app_path, sys_path, f, assumptions, replicas, kind)
 
 
+def _finite(load, row):
+  """Requests of a finite benchmark sent at once (request rate
+  infinite): 'N prompts at request_rate=inf', 'request_rate=inf, N
+  prompts', or an infinite rate with 'N requests' in the source or
+  notes; None otherwise."""
+  if 'inf' not in load:
+    return None
+  m = re.search(r'(\d+) prompts', load) or re.search(
+    r'(\d+) requests\b', (row.get('source') or '') + ' ' +
+    (row.get('notes') or ''))
+  return int(m.group(1)) if m else None
+
+
 def predicted(res, row, kind, replicas):
   """The model's figure for the row's metric."""
   m = row['metric'].lower()
   if kind == 'ttft':
     return float(np.ravel(res['ttft_ms'])[0])
+  if kind == 'tpot' and m.startswith('itl'):
+    return float(np.ravel(res['itl_ms'])[0])
   if kind == 'tpot':
     return float(np.ravel(res['tpot_ms'])[0])
   if m.endswith('per_gpu'):
