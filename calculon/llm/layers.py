@@ -631,7 +631,20 @@ def measured_gemm_time_s(system, dtype, gemm, stage, chunks=1):
 
   def one(code):
     key = kernels.gemm_dtype_key(DATATYPE_NAMES[int(code)])
-    return chunks * count * kernels.gemm_time_s(key, *shape)
+    t = kernels.gemm_time_s(key, *shape)
+    # The table op quantizes its x (M, K) operand; a training GEMM's
+    # operands arrive quantized (the framework's casts are priced apart,
+    # Layer.quantize_bytes), so that time is taken off, floored at the
+    # GEMM's compute at peak (AIConfigurator's fp8_static with
+    # low_precision_input: table - compute_scale - scale_matrix, floored at
+    # the roofline; kernels.tables.GEMM_INPUT_QUANTIZE_BYTES).
+    quant = kernels.input_quantize_bytes(key, shape[0], shape[2])
+    if quant:
+      cast = sum(system.mem1.time_s(b) for b in quant)
+      floor = 2.0 * shape[0] * shape[1] * shape[2] / \
+        system.matrix.peak_flops(int(code))
+      t = np.where(t > 0, np.maximum(t - cast, floor), t)
+    return chunks * count * t
   if np.ndim(dtype) == 0:
     return one(dtype)
   codes = np.unique(dtype)
