@@ -618,7 +618,14 @@ def measured_gemm_time_s(system, dtype, gemm, stage, chunks=1):
   shape (the experts of a grouped GEMM); ``chunks``: the GEMM cut along
   its token rows into that many GEMMs (Transformer Engine's overlapped
   chunks, :func:`te_gemm_chunks`).  ``dtype``: datatype code(s), each with
-  a table (:func:`measured_gemm_covers`).  Arrays broadcast."""
+  a table (:func:`measured_gemm_covers`).  A narrow (fp8, NVFP4) table
+  op also casts its bfloat16 x (M, K) input, which a training GEMM gets
+  already cast (its casts are :meth:`Layer.quantize_bytes`): those bytes
+  (:data:`~calculon.kernels.tables.GEMM_INPUT_QUANTIZE_BYTES`) are taken
+  off at the tier-1 memory rate, never below 2 M N K FLOP at the matrix
+  engine's peak (AIConfigurator's own composition for a quantized input,
+  aic-core/rust/aiconfigurator-core/src/operators/gemm.rs ``GemmOp::
+  query``, at 095f58a5).  Arrays broadcast."""
   from calculon.config.execution import DATATYPE_NAMES
   m, n, k, count = gemm
   kernels = system.measured
