@@ -287,8 +287,9 @@ def gemm_time_s(system, m, n, k, dtype):
   """Seconds of the GEMM ``x (m, k) @ W (n, k)^T`` on ``system`` (a
   :class:`~calculon.hardware.System`) in Calculon datatype ``dtype``
   (name): from the system's measured GEMM table when it has one for the
-  datatype, else from its matrix engine's curve at 2 m n k FLOP.  Arrays
-  broadcast."""
+  datatype (the inference Linear layer the table times, its input cast
+  included: what serving runs), else from its matrix engine's curve at 2
+  m n k FLOP.  Arrays broadcast."""
   from calculon.config.execution import DATATYPE_NAMES
   kernels = system.measured
   key = None if kernels is None else kernels.gemm_dtype_key(dtype)
