@@ -201,3 +201,34 @@ def test_calibrate_refuses_measured_parameters():
                      'gemm table'):
     parameter_bounds(cfg, 'matrix')
   assert parameter_bounds(cfg, 'net1')[1] > 1.0
+
+
+def test_measured_fp8_gemm_less_its_input_cast():
+  """The table's fp8 op quantizes its bfloat16 x (M, K) input (amax read,
+  2 B/element, then the cast, 2 B read + 1 B written: AIConfigurator's
+  compute_scale and scale_matrix, aic-core operators/gemm.rs at 095f58a5);
+  a training GEMM's operands arrive cast, so the engine takes them off.
+  H100 8192^3: 0.88491 ms in the table; x is 8192 x 8192, so 2 x 67.1 MB
+  and 3 x 67.1 MB at most 3.35 TB/s (the datasheet HBM3 bandwidth): at
+  least 0.100 ms less.  bfloat16 has no cast (1.4048 ms unchanged)."""
+  system = System(read_json_file(repo('systems',
+                                      'h100_sxm_80g_measured.json')))
+  fp8 = DATATYPE_NAMES.index('float8')
+  elems = 8192.0 * 8192
+  want = 0.88491e-3 - system.mem1.time_s(2 * elems) - \
+    system.mem1.time_s(3 * elems)
+  for stage in ('fw', 'agrad', 'wgrad'):
+    got = measured_gemm_time_s(system, fp8, (8192, 8192, 8192, 1), stage)
+    assert got == pytest.approx(want, rel=1e-4)
+  assert 0.88491e-3 - want >= 5 * elems / 3.35e12
+  assert measured_gemm_time_s(system, BF16, (8192, 8192, 8192, 1), 'fw') == \
+    pytest.approx(1.4048e-3, rel=1e-4)
+  # NVFP4 (GB200): a static input scale, the cast only: 2 + 0.5 + 1/16 B.
+  gb = System(read_json_file(repo('systems', 'gb200_nvl72_measured.json')))
+  fp4 = DATATYPE_NAMES.index('float4')
+  table = gemm_time_s(gb, 8192, 8192, 8192, 'float4')
+  assert measured_gemm_time_s(gb, fp4, (8192, 8192, 8192, 1), 'fw') == \
+    pytest.approx(table - gb.mem1.time_s(2.5625 * elems), rel=1e-4)
+  # Never below the GEMM's compute at the datasheet peak.
+  tiny = measured_gemm_time_s(system, fp8, (16, 16, 16, 1), 'fw')
+  assert tiny >= 2.0 * 16 ** 3 / system.matrix.peak_flops(fp8)

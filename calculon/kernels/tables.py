@@ -56,6 +56,22 @@ GEMM_DTYPES = {'bfloat16': 'bfloat16', 'float16': 'bfloat16',
 #: Calculon collective -> NCCL table op_name.
 NCCL_OPS = {'all_gather': 'all_gather', 'reduce_scatter': 'reduce_scatter',
             'all_reduce': 'all_reduce', 'all_to_all': 'alltoall'}
+#: Bytes per element of the table GEMM's ``x`` (M, K) operand that the
+#: timed op spends quantizing it, per table datatype.  The collector times
+#: TensorRT-LLM's ``Linear.forward`` on a bfloat16 ``x`` with pre-quantized
+#: weights (ai-dynamo/aiconfigurator collector/trtllm/collect_gemm.py
+#: ``run_gemm`` at 095f58a5): for 'fp8' without an input scale, so the
+#: op's dynamic path computes the per-tensor scale (an amax read of x, 2
+#: B/element) and casts x (2 B read + 1 B written), AIConfigurator's own
+#: ``compute_scale`` (sol 2 m k bytes) and ``scale_matrix`` (sol 3 m k
+#: bytes) terms, which it subtracts to price a GEMM whose input arrives
+#: quantized (aic-core/rust/aiconfigurator-core/src/operators/gemm.rs
+#: ``GemmOp::query``, ``low_precision_input``, at 095f58a5); for 'nvfp4'
+#: with a static input scale, only the cast (2 B read, 0.5 B written, one
+#: 1-byte scale per 16 elements).  Each entry: the separate kernels'
+#: bytes per element, in launch order.
+GEMM_INPUT_QUANTIZE_BYTES = {'bfloat16': (), 'fp8': (2.0, 3.0),
+                             'nvfp4': (2.0 + 0.5 + 1.0 / 16,)}
 #: GEMM extrapolation slopes (log latency per log size) above / below the
 #: table, per axis (m, n, k).
 GEMM_ABOVE = (1.0, 1.0, 1.0)
@@ -233,6 +249,13 @@ class MeasuredKernels:
     return np.where((np.asarray(m) > 0) & (np.asarray(n) > 0) &
                     (np.asarray(k) > 0), t, 0.0)
 
+  def input_quantize_bytes(self, key, m, k):
+    """Bytes of each kernel (a tuple, possibly empty) with which the table
+    op of datatype ``key`` quantizes its ``x`` (``m``, ``k``) input
+    (:data:`GEMM_INPUT_QUANTIZE_BYTES`; arrays broadcast)."""
+    elems = np.asarray(m, float) * np.asarray(k, float)
+    return tuple(b * elems for b in GEMM_INPUT_QUANTIZE_BYTES.get(key, ()))
+
   def attention_flops_per_s(self, head_dim, seq, heads):
     """Achieved FLOP/s of the measured causal attention forward at head
     width ``head_dim``, sequence ``seq`` and ``heads`` (batch x query
@@ -264,8 +287,9 @@ def gemm_time_s(system, m, n, k, dtype):
   """Seconds of the GEMM ``x (m, k) @ W (n, k)^T`` on ``system`` (a
   :class:`~calculon.hardware.System`) in Calculon datatype ``dtype``
   (name): from the system's measured GEMM table when it has one for the
-  datatype, else from its matrix engine's curve at 2 m n k FLOP.  Arrays
-  broadcast."""
+  datatype (the inference Linear layer the table times, its input cast
+  included: what serving runs), else from its matrix engine's curve at 2
+  m n k FLOP.  Arrays broadcast."""
   from calculon.config.execution import DATATYPE_NAMES
   kernels = system.measured
   key = None if kernels is None else kernels.gemm_dtype_key(dtype)

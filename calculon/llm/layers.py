@@ -618,7 +618,14 @@ def measured_gemm_time_s(system, dtype, gemm, stage, chunks=1):
   shape (the experts of a grouped GEMM); ``chunks``: the GEMM cut along
   its token rows into that many GEMMs (Transformer Engine's overlapped
   chunks, :func:`te_gemm_chunks`).  ``dtype``: datatype code(s), each with
-  a table (:func:`measured_gemm_covers`).  Arrays broadcast."""
+  a table (:func:`measured_gemm_covers`).  A narrow (fp8, NVFP4) table
+  op also casts its bfloat16 x (M, K) input, which a training GEMM gets
+  already cast (its casts are :meth:`Layer.quantize_bytes`): those bytes
+  (:data:`~calculon.kernels.tables.GEMM_INPUT_QUANTIZE_BYTES`) are taken
+  off at the tier-1 memory rate, never below 2 M N K FLOP at the matrix
+  engine's peak (AIConfigurator's own composition for a quantized input,
+  aic-core/rust/aiconfigurator-core/src/operators/gemm.rs ``GemmOp::
+  query``, at 095f58a5).  Arrays broadcast."""
   from calculon.config.execution import DATATYPE_NAMES
   m, n, k, count = gemm
   kernels = system.measured
@@ -631,7 +638,20 @@ def measured_gemm_time_s(system, dtype, gemm, stage, chunks=1):
 
   def one(code):
     key = kernels.gemm_dtype_key(DATATYPE_NAMES[int(code)])
-    return chunks * count * kernels.gemm_time_s(key, *shape)
+    t = kernels.gemm_time_s(key, *shape)
+    # The table op quantizes its x (M, K) operand; a training GEMM's
+    # operands arrive quantized (the framework's casts are priced apart,
+    # Layer.quantize_bytes), so that time is taken off, floored at the
+    # GEMM's compute at peak (AIConfigurator's fp8_static with
+    # low_precision_input: table - compute_scale - scale_matrix, floored at
+    # the roofline; kernels.tables.GEMM_INPUT_QUANTIZE_BYTES).
+    quant = kernels.input_quantize_bytes(key, shape[0], shape[2])
+    if quant:
+      cast = sum(system.mem1.time_s(b) for b in quant)
+      floor = 2.0 * shape[0] * shape[1] * shape[2] / \
+        system.matrix.peak_flops(int(code))
+      t = np.where(t > 0, np.maximum(t - cast, floor), t)
+    return chunks * count * t
   if np.ndim(dtype) == 0:
     return one(dtype)
   codes = np.unique(dtype)
