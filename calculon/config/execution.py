@@ -253,12 +253,13 @@ class Execution:
   @property
   def local_batch_size(self):
     """Samples per data-parallel replica per batch."""
-    return self.batch_size // self.data_par
+    return _parallel.local_batch(self.batch_size, self.data_par)
 
   @property
   def num_microbatches(self):
     """Microbatches per replica per batch."""
-    return self.local_batch_size // self.microbatch_size
+    return _parallel.num_microbatches(self.batch_size, self.data_par,
+                                      self.microbatch_size)
 
 
 def _with_fields(cls):
@@ -601,7 +602,8 @@ def _schedule_violation(c):
   """Reason codes of the schedule table's constraints
   (:func:`calculon.llm.terms.schedules.violation`)."""
   from calculon.llm.terms.schedules import violation
-  nmb = (c.batch_size // c.data_par) // c.microbatch_size
+  nmb = _parallel.num_microbatches(c.batch_size, c.data_par,
+                                   c.microbatch_size)
   return violation(c.pipeline_schedule, c.pipeline_par,
                    c.pipeline_interleaving, nmb)
 

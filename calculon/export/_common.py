@@ -13,6 +13,7 @@ stage, as calculon prices them).  Reads the resolved
 
 import dataclasses
 
+from calculon.config import parallel
 from calculon.errors import ConfigError
 
 
@@ -53,12 +54,13 @@ class ExportInput:
   @property
   def local_batch(self):
     """Samples of one data-parallel replica per step: batch_size / DP."""
-    return self.exe.batch_size // self.exe.data_par
+    return parallel.local_batch(self.exe.batch_size, self.exe.data_par)
 
   @property
   def num_microbatches(self):
     """Microbatches of one replica per step: (batch / DP) / microbatch."""
-    return self.local_batch // self.exe.microbatch_size
+    return parallel.num_microbatches(self.exe.batch_size, self.exe.data_par,
+                                     self.exe.microbatch_size)
 
 
 def refuse(inp, target, name, why):

@@ -98,7 +98,7 @@ class StepPlan:
       raise ConfigError(f'--dropout {dropout}: must be >= 0 and < 1',
                         field='--dropout', value=dropout)
     from calculon.profile.build import threads_per_proc
-    nmb = exe.batch_size // (exe.data_par * exe.microbatch_size)
+    nmb = exe.num_microbatches
     return cls(num_blocks=app.num_blocks, hidden=app.hidden,
                feedforward=app.feedforward, seq_size=app.seq_size,
                attn_heads=app.attn_heads, attn_size=app.attn_size,

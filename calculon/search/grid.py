@@ -626,7 +626,8 @@ def valid_mask(cols, spec=None):
     # The schedule table's constraints (chunks a rank holds, ranks,
     # microbatches), as the execution rules check them.
     from calculon.llm.terms.schedules import violation
-    nmb = (cols.batch_size // cols.data_par) // cols.microbatch_size
+    nmb = P.num_microbatches(cols.batch_size, cols.data_par,
+                             cols.microbatch_size)
     ok = ok & (violation(sched, cols.pipeline_par, cols.pipeline_interleaving,
                          nmb) == 0)
   first = np.asarray(cols.pipeline_first_stage_blocks)

@@ -37,6 +37,7 @@ from collections import namedtuple
 
 import numpy as np
 
+from calculon.config import parallel
 from calculon.llm.terms import schedules
 
 
@@ -60,7 +61,8 @@ class ScheduleTerms:
     """Microbatches of one data-parallel replica per batch: (batch / DP) /
     microbatch size."""
     e = self.exe
-    return (e.batch_size // e.data_par) // e.microbatch_size
+    return parallel.num_microbatches(e.batch_size, e.data_par,
+                                     e.microbatch_size)
 
   @cached_property
   def vocab_in_split(self):
