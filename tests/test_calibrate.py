@@ -480,3 +480,93 @@ def test_matrix_scale_stops_at_the_measured_matmul_maximum():
   for d in low['matrix'].values():
     d['gflops_efficiency'] = [[g, e / 2] for g, e in d['gflops_efficiency']]
   assert C.parameter_bounds(low, 'matrix')[1] == C.MATRIX_SCALE_MAX == 1.0
+
+
+H100_MEASURED = load_json(repo('systems', 'h100_sxm_80g_measured.json'))
+
+
+def test_measured_file_refuses_measured_terms_and_bounds_the_new_ones():
+  """On a measured file the parameters its tables replace are refused; the
+  sustained clock is bounded to [0.8, 1] of the burst, the overlap scale
+  keeps the largest processor_usage (0.15 on the bundled files) within
+  [0.05, 0.30]: [1/3, 2]."""
+  for name in ('matrix', 'matrix_narrow', 'attention', 'net0'):
+    with pytest.raises(ConfigError, match='measured'):
+      C.parameter_bounds(H100_MEASURED, name)
+  assert C.parameter_bounds(H100_MEASURED, 'clock') == (0.8, 1.0)
+  lo, hi = C.parameter_bounds(H100_MEASURED, 'overlap')
+  assert lo == pytest.approx(0.05 / 0.15) and hi == pytest.approx(2.0)
+  with pytest.raises(ConfigError, match='no measured GEMM'):
+    C.parameter_bounds(H100, 'clock')
+  written = C.apply(H100_MEASURED, {'clock': 0.9, 'overlap': 1.2})
+  assert written['measured']['sustained_clock'] == 0.9
+  assert [n['processor_usage'] for n in written['networks']] == \
+    pytest.approx([0.18, 0.18])
+  # the clock is relative to the file's: a file at 0.9 allows [0.889, 1.111]
+  lo, hi = C.parameter_bounds(written, 'clock')
+  assert (lo, hi) == pytest.approx((0.8 / 0.9, 1 / 0.9))
+
+
+def test_sustained_clock_divides_table_times():
+  """measured.sustained_clock 0.9 makes a table GEMM 1/0.9 longer: H100's
+  bf16 8192^3 1.405 ms (docs/accuracy.md) -> 1.561 ms."""
+  slow = copy.deepcopy(H100_MEASURED)
+  slow['measured']['sustained_clock'] = 0.9
+  t = System(H100_MEASURED).measured.gemm_time_s('bfloat16', 8192, 8192,
+                                                  8192)
+  t9 = System(slow).measured.gemm_time_s('bfloat16', 8192, 8192, 8192)
+  assert float(t) == pytest.approx(1.405e-3, rel=2e-3)
+  assert float(t9) == pytest.approx(float(t) / 0.9, rel=1e-12)
+  a = System(H100_MEASURED).measured.attention_flops_per_s(128, 4096, 32)
+  a9 = System(slow).measured.attention_flops_per_s(128, 4096, 32)
+  assert float(a9) == pytest.approx(0.9 * float(a), rel=1e-12)
+
+
+def test_scaled_system_clock_and_overlap_are_the_written_file():
+  """The array-valued system prices clock and overlap exactly as the file
+  :func:`calibrate.apply` writes (a Megatron-Bridge H100 row with
+  overlapped communication)."""
+  theta = {'clock': 0.85, 'overlap': 1.5}
+  suite = P.Suite(ROOT)
+  c = next(x for x in suite.cases if x.id == 'nemo-07')
+  cfg = copy.deepcopy(H100_MEASURED)
+  exe = M.candidate_columns(c)
+  written = evaluate_columns(c.app, System(C.apply(cfg, theta)),
+                             exe).total_time_s
+  plain = evaluate_columns(c.app, System(cfg), exe).total_time_s
+  arrays = {k: np.array([1.0, v]) for k, v in theta.items()}
+  both = evaluate_columns(c.app, C.ScaledSystem(cfg, arrays,
+                                                ndim=len(exe.shape)),
+                          exe).total_time_s
+  np.testing.assert_allclose(both[1], written, rtol=1e-5)
+  np.testing.assert_allclose(both[0], plain, rtol=1e-12)
+  ok = np.isfinite(plain)
+  assert np.all(written[ok] > plain[ok])
+
+
+def test_overlap_usage_slows_the_overlapped_compute_by_hand():
+  """A transfer of 2 s hidden behind 10 s of compute at processor_usage
+  0.15 costs 0.3 s (hidden_behind: 0 exposed + 2 x 0.15); at 1.5 x that
+  usage, 0.45 s; 12 s of transfer behind 10 s: 2 + 10 x 0.15 = 3.5 s."""
+  from calculon.llm.layers import hidden_behind
+  assert float(hidden_behind(2.0, 10.0, 0.15)) == pytest.approx(0.3)
+  assert float(hidden_behind(2.0, 10.0, 0.15 * 1.5)) == pytest.approx(0.45)
+  assert float(hidden_behind(12.0, 10.0, 0.15)) == pytest.approx(3.5)
+  nets = C._ScaledNetworks(System(H100_MEASURED).networks, [1.0, 1.0])
+  nets.usage_scale = 1.5
+  assert float(nets.usage(0)) == pytest.approx(0.225)
+
+
+def test_overlap_is_tried_only_on_measured_files():
+  """The automatic choice leaves ``overlap`` out on datasheet files (the
+  matrix scale carries it there; defaults unchanged)."""
+  run = C.Run(case=None, system='s', cfg=H100, measured_s=1.0, lin={},
+              names=[], times=np.ones((1, 1)), nmb=np.ones(1), layer=False)
+  assert 'overlap' in C.available([run], ['overlap'])
+  names = C.auto_candidates([run])
+  assert 'overlap' not in names and 'clock' not in names
+  assert 'matrix' in names
+  measured = C.Run(case=None, system='s', cfg=H100_MEASURED, measured_s=1.0,
+                   lin={}, names=[], times=np.ones((1, 1)), nmb=np.ones(1))
+  names = C.auto_candidates([measured])
+  assert 'overlap' in names and 'clock' in names and 'matrix' not in names

@@ -1029,6 +1029,16 @@ SYSTEM = (
        absent=None, absent_doc='fused attention on the matrix curves',
        unit='ms', source='Dao 2023 (FlashAttention-2, algorithm 2); Shah '
        'et al. 2024 (FlashAttention-3, sections 1 and 4.1)'),
+  _sys('measured.sustained_clock', _EFF, 'kernels',
+       'sustained over burst SM clock of the table-priced compute (GEMM '
+       'and attention tables): the tables are timed in short bursts at '
+       'boost clock, a training step runs at the clock its power limit '
+       'sustains; their times are divided by it (calculon calibrate '
+       'fits it within [0.8, 1], parameter clock)', absent=None,
+       absent_doc='1 (the tables as measured)',
+       source='stas00/ml-engineering compute/accelerator/benchmarks/'
+       'mamf-finder.py: maximum achievable matmul FLOPS at boost clock '
+       'against the steady throughput over a 2 s window'),
   _sys('measured.nccl', Spec('dict'), 'kernels',
        'NCCL collective latency over gpus and bytes (the nccl-tests '
        'buffer) per operation (all_gather, reduce_scatter, all_reduce, '

@@ -340,6 +340,9 @@ class MeasuredConfig:
   attention: object = dataclasses.field(default=None, hash=False,
                                         repr=False)
   nccl: object = dataclasses.field(default=None, hash=False, repr=False)
+  #: Sustained over burst SM clock of the table-priced compute, (0, 1];
+  #: None: 1 (the tables' times as measured).
+  sustained_clock: object = None
 
   @classmethod
   def read(cls, reader, name):
@@ -349,6 +352,9 @@ class MeasuredConfig:
     values = {}
     if 'source' in sub.obj:
       values['source'] = sub.get('source', Spec('dict'))
+    if 'sustained_clock' in sub.obj:
+      values['sustained_clock'] = sub.get(
+        'sustained_clock', Spec('number', lo=0, lo_open=True, hi=1))
     for table, (axes, keys) in MEASURED_TABLES.items():
       if table not in sub.obj:
         continue

@@ -210,6 +210,12 @@ class MeasuredKernels:
                                  NCCL_BELOW)
     self.has_nccl = bool(self._nccl)
     self.nccl_max_gpus = max(cfg.nccl['gpus']) if self._nccl else 0
+    #: Sustained over burst clock of the GEMM and attention tables (the
+    #: file's ``measured.sustained_clock``, 1 without; a scalar, or an
+    #: array along a leading axis in calibration): their times are divided
+    #: by it.
+    self.clock = 1.0 if getattr(cfg, 'sustained_clock', None) is None \
+      else cfg.sustained_clock
 
   def terms(self):
     """The terms the tables price, in words (list of str): which of the
@@ -243,9 +249,12 @@ class MeasuredKernels:
 
   def gemm_time_s(self, key, m, n, k):
     """Seconds of one GEMM ``x (m, k) @ W (n, k)^T`` in table datatype
-    ``key`` (arrays broadcast; a dimension of 0 takes 0 s)."""
+    ``key`` (arrays broadcast; a dimension of 0 takes 0 s), the table's
+    time over :attr:`clock`."""
     t = self._gemm[key](np.maximum(m, 1e-9), np.maximum(n, 1e-9),
                         np.maximum(k, 1e-9))
+    if not (np.ndim(self.clock) == 0 and self.clock == 1.0):
+      t = t / self.clock
     return np.where((np.asarray(m) > 0) & (np.asarray(n) > 0) &
                     (np.asarray(k) > 0), t, 0.0)
 
@@ -260,12 +269,13 @@ class MeasuredKernels:
     """Achieved FLOP/s of the measured causal attention forward at head
     width ``head_dim``, sequence ``seq`` and ``heads`` (batch x query
     heads), arrays broadcast: the table's FLOP (:data:`ATTENTION_CAUSAL_
-    SHARE` of 4 h s^2 d) over its interpolated latency."""
+    SHARE` of 4 h s^2 d) over its interpolated latency, times
+    :attr:`clock`."""
     head_dim = np.maximum(head_dim, 1.0)
     seq = np.maximum(seq, 1.0)
     heads = np.maximum(heads, 1.0)
     flops = 4.0 * ATTENTION_CAUSAL_SHARE * heads * seq * seq * head_dim
-    return flops / self._attention(head_dim, seq, heads)
+    return flops / self._attention(head_dim, seq, heads) * self.clock
 
   def has_collective(self, op):
     """True when the NCCL table has Calculon collective ``op``."""

@@ -71,6 +71,12 @@ PARAMETERS = {
   '(grouped_gemm_efficiency, 1 when the file has none)',
   'net0': 'scale of network tier 0 efficiency',
   'net1': 'scale of network tier 1 efficiency',
+  'clock': 'sustained over burst clock of the measured GEMM and attention '
+  'tables (measured.sustained_clock, 1 when the file has none), within '
+  '[0.8, 1]',
+  'overlap': 'scale of every network tier\'s processor_usage (the share '
+  'of the compute an overlapped transfer takes), the largest kept within '
+  '[0.05, 0.30]',
   'per_step_s': 'fixed overhead per batch (s)',
   'per_microbatch_s': 'fixed overhead per microbatch of a replica (s)',
   'per_moe_block_s': 'host time per MoE block and microbatch (s), a floor '
@@ -90,7 +96,13 @@ PARAMETERS = {
 #: (its tuned-recipe median 1.087 -> 1.121).  ``--params per_step_s`` or
 #: ``per_microbatch_s`` still fits them.
 DEFAULT_PARAMETERS = ('matrix', 'matrix_narrow', 'net1',
-                      'moe', 'net0', 'vector', 'attention', 'per_moe_block_s')
+                      'moe', 'net0', 'vector', 'attention', 'per_moe_block_s',
+                      'clock', 'overlap')
+#: Parameters the automatic choice tries only on systems with measured
+#: tables: there the compute is taken from measurement, so what an
+#: overlapped transfer costs it is among the few things left unmeasured;
+#: on the datasheet files the matrix scale carries it (the two trade).
+MEASURED_ONLY = ('overlap',)
 OVERHEADS = ('per_step_s', 'per_microbatch_s', 'per_moe_block_s')
 #: Overheads that are floors under the GPU work, not additions (the engine
 #: prices them; the surrogate approximates them, :func:`surrogate_time`).
@@ -104,6 +116,20 @@ MIN_SCALE = 0.1
 #: the measured maximum achievable matmul rate, which is the top step of
 #: every bundled datasheet file's curves (their notes).
 MATRIX_SCALE_MAX = 1.0
+#: Bounds of the sustained clock (``measured.sustained_clock``): the
+#: measured tables are timed in bursts at boost clock (the median of the
+#: fastest iterations, as stas00/ml-engineering compute/accelerator/
+#: benchmarks/mamf-finder.py does for its maximum achievable matmul
+#: FLOPS), while a training step runs for seconds at the clock its power
+#: limit sustains; at most 20 % below the burst, never above it.
+CLOCK_BOUNDS = (0.8, 1.0)
+#: Bounds of the largest tier's processor_usage under the ``overlap``
+#: scale: the files' 0.15 is 20 of an H800's 132 SMs driving overlapped
+#: communication (DeepSeek-AI 2024, DeepSeek-V3 section 3.2.2); Lee et al.
+#: 2025 (arXiv 2507.03114) measured an average 18.9 % slowdown of compute
+#: overlapped with communication (SM and memory-bandwidth contention
+#: together); 0.05 to 0.30 brackets both.
+OVERLAP_USAGE_BOUNDS = (0.05, 0.30)
 #: Points (x = prior / theta: the time multiplier of a scaled component)
 #: where the engine is evaluated along each parameter (the surrogate).
 AXIS_POINTS = (0.55, 0.7, 0.85, 1.0, 1.2, 1.45, 1.8, 2.4)
@@ -161,6 +187,20 @@ def parameter_bounds(cfg, name, theta=None):
     raise ConfigError(f"parameter {name!r} is not allowed: the system prices "
                       f"what it scales from its measured {table} table",
                       field='params', value=name)
+  if name == 'clock':
+    measured = cfg.get('measured') or {}
+    if 'gemm' not in measured and 'attention' not in measured:
+      raise ConfigError("parameter 'clock' is not allowed: the system has no "
+                        'measured GEMM or attention table', field='params',
+                        value=name)
+    c = float(measured.get('sustained_clock', 1.0))
+    return CLOCK_BOUNDS[0] / c, CLOCK_BOUNDS[1] / c
+  if name == 'overlap':
+    top = max(float(n.get('processor_usage', 0.0)) for n in cfg['networks'])
+    if top <= 0:
+      raise ConfigError("parameter 'overlap' is not allowed: no network tier "
+                        'has a processor_usage', field='params', value=name)
+    return OVERLAP_USAGE_BOUNDS[0] / top, OVERLAP_USAGE_BOUNDS[1] / top
   if name == 'matrix':
     top = max(_max_eff(d['gflops_efficiency']) for d in cfg['matrix'].values())
     return MIN_SCALE, min(1.0 / top, MATRIX_SCALE_MAX)
@@ -231,10 +271,18 @@ def apply(cfg, theta, note=None):
     a = theta.get(name, 1.0)
     if a != 1.0:
       out[key] = _round(min(1.0, out.get(key, 1.0) * a))
+  u = theta.get('overlap', 1.0)
   for i, net in enumerate(out['networks']):
     s = theta.get(f'net{i}', 1.0)
     if s != 1.0:
       net['efficiency'] = _round(min(1.0, net['efficiency'] * s))
+    if u != 1.0 and net.get('processor_usage'):
+      net['processor_usage'] = _round(min(0.99, net['processor_usage'] * u))
+  c = theta.get('clock', 1.0)
+  if c != 1.0 and out.get('measured'):
+    out['measured'] = dict(out['measured'])
+    out['measured']['sustained_clock'] = _round(min(
+      1.0, float(out['measured'].get('sustained_clock', 1.0)) * c))
   if any(k in theta for k in OVERHEADS):
     over = dict(out.get('overhead', {}))
     for k in OVERHEADS:
@@ -305,8 +353,12 @@ class _ScaledNetworks(Networks):
   def __init__(self, base, scales):
     self.__dict__.update(base.__dict__)
     self.scales = scales
+    self.usage_scale = 1.0
     self.bw = np.array([t.bandwidth_bytes_per_s for t in base.tiers])
     self.eff = np.array([t.efficiency for t in base.tiers])
+
+  def usage(self, tier):
+    return np.minimum(self.processor_usage[tier] * self.usage_scale, 0.99)
 
   def rate(self, tier):
     rate = 0.0
@@ -345,6 +397,12 @@ class ScaledSystem(System):
     self.mem1 = _ScaledMemory(self.mem1, arr('vector', 1.0))
     self.networks = _ScaledNetworks(self.networks, [
       arr(f'net{i}', 1.0) for i in range(len(self.networks.tiers))])
+    self.networks.usage_scale = arr('overlap', 1.0)
+    clock = arr('clock', 1.0)
+    if self.measured is not None and \
+        not (np.ndim(clock) == 0 and clock == 1.0):
+      self.measured = copy.copy(self.measured)
+      self.measured.clock = self.measured.clock * clock
     for name, key in _EFFICIENCY_FIELDS.items():
       base = cfg.get(key)
       scale = arr(name, 1.0)
@@ -370,6 +428,11 @@ def engine_parameters(cfg):
     names.append('matrix_narrow')
   names += ['vector', 'attention', 'moe']
   names += [f'net{i}' for i in range(len(cfg['networks']))]
+  measured = cfg.get('measured') or {}
+  if 'gemm' in measured or 'attention' in measured:
+    names.append('clock')
+  if any(n.get('processor_usage') for n in cfg['networks']):
+    names.append('overlap')
   return names
 
 
@@ -822,6 +885,15 @@ def available(runs, names):
   return out
 
 
+def auto_candidates(runs, candidates=DEFAULT_PARAMETERS):
+  """``candidates`` the automatic choice tries on ``runs``: those every
+  run's system has (:func:`available`), :data:`MEASURED_ONLY` ones only
+  when every run's system has measured tables."""
+  measured = all(r.cfg.get('measured') for r in runs)
+  return [n for n in available(runs, candidates)
+          if n not in MEASURED_ONLY or measured]
+
+
 #: Runs per parameter the automatic choice asks for.
 RUNS_PER_PARAMETER = 3
 
@@ -832,7 +904,7 @@ def auto_parameters(runs, prior, candidates=DEFAULT_PARAMETERS):
   runs; when more are determined than that, the pursuit (:func:`_pursuit`)
   chooses among them, each only while it pays for itself; in the order
   given; (names, notes on those dropped)."""
-  names = available(runs, candidates)
+  names = auto_candidates(runs, candidates)
   notes = []
   limit = len(runs) // RUNS_PER_PARAMETER
   if len(names) > limit:
