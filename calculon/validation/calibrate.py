@@ -398,11 +398,9 @@ class ScaledSystem(System):
     self.networks = _ScaledNetworks(self.networks, [
       arr(f'net{i}', 1.0) for i in range(len(self.networks.tiers))])
     self.networks.usage_scale = arr('overlap', 1.0)
-    clock = arr('clock', 1.0)
-    if self.measured is not None and \
-        not (np.ndim(clock) == 0 and clock == 1.0):
+    if self.measured is not None:
       self.measured = copy.copy(self.measured)
-      self.measured.clock = self.measured.clock * clock
+      self.measured.clock = self.measured.clock * arr('clock', 1.0)
     for name, key in _EFFICIENCY_FIELDS.items():
       base = cfg.get(key)
       scale = arr(name, 1.0)
