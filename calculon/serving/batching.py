@@ -67,7 +67,7 @@ def prefill_tokens_per_iteration(concurrency, isl, max_num_tokens, chunked,
 
 
 def closed_loop(concurrency, isl, osl, t_dec, tau, q, mixed, group,
-                overhead_s=0.0):
+                overhead_s=0.0, t_dec_of=None):
   """Steady state of ``concurrency`` users, each sending its next request
   when one returns (see the module).  Arrays broadcast.
 
@@ -81,25 +81,38 @@ def closed_loop(concurrency, isl, osl, t_dec, tau, q, mixed, group,
       (n + 1) / 2 iterations for n = ceil(group x isl / q).
     overhead_s: host time of every iteration (the framework's
       ``step_overhead_s``).
+    t_dec_of: decode step seconds at a batch (vectorized), or None.  When
+      given, mixed iterations decode the mean running batch
+      C (osl - 1) / max(I, I_p): over a cycle each user decodes osl - 1
+      tokens, and when prefill bounds the cycle (I_p > I) users queue for
+      their prompt without decoding (Little's law over the cycle).
 
   Returns:
     dict of arrays: 'ttft_s', 'tpot_s', 'latency_s' (W), 'requests_per_s',
-    'output_tokens_per_s'.
+    'output_tokens_per_s'.  When prefill bounds a mixed cycle every
+    iteration carries a decode token of each running user, so TPOT is
+    one iteration and the queue for prefill is TTFT.
   """
   C = np.asarray(concurrency, float)
-  t_dec = t_dec + overhead_s
   group_tokens = group * isl
-  t_mix = np.minimum(q, group_tokens) * tau + \
-    (t_dec if mixed else overhead_s)
   i_own = np.ceil(group_tokens / q)
   i_p = np.ceil(C / group) * i_own
+  iterations = (osl - 1) + i_own
+  if mixed and t_dec_of is not None:
+    decoding = C * np.maximum(osl - 1, 0) / np.maximum(iterations, i_p)
+    t_dec = np.asarray(t_dec_of(np.maximum(decoding, 1.0)), float)
+  t_dec = t_dec + overhead_s
+  t_mix = np.minimum(q, group_tokens) * tau + \
+    (t_dec if mixed else overhead_s)
+  ttft = (i_own + 1) / 2 * t_mix
   if mixed:
     # Other groups' prefill iterations also step this user's decode.
-    W = i_p * t_mix + np.maximum((osl - 1) + i_own - i_p, 0) * t_dec
+    W = i_p * t_mix + np.maximum(iterations - i_p, 0) * t_dec
+    ttft = np.where(i_p > iterations,
+                    np.maximum(W - np.maximum(osl - 1, 0) * t_mix, ttft), ttft)
   else:
     # Prefill iterations run alone: every one stalls every decode.
     W = i_p * t_mix + (osl - 1) * t_dec
-  ttft = (i_own + 1) / 2 * t_mix
   tpot = np.where(osl > 1, (W - ttft) / np.maximum(osl - 1, 1), 0.0)
   return {'ttft_s': ttft, 'tpot_s': tpot, 'latency_s': W,
           'requests_per_s': C / W, 'output_tokens_per_s': C * osl / W}

@@ -78,3 +78,47 @@ def sglang_memory_fraction(preset, capacity_bytes, chunk_tokens, tp, pp):
   reserved = np.where(gpu_mb > 60 * 1024, np.maximum(reserved, 10 * 1024),
                       reserved)
   return np.round((gpu_mb - reserved) / gpu_mb, 3)
+
+
+#: trtllm-bench's caps (tensorrt_llm/bench/build/tuning.py
+#: ``finetune_setting``, NVIDIA/TensorRT-LLM @a7e572fb): the batch at most
+#: 4,096 sequences, the token budget at most 32,768.
+TRTLLM_BENCH_MAX_BATCH = 4096
+TRTLLM_BENCH_MAX_TOKENS = 32768
+
+
+def trtllm_bench_limits(params, num_layers, kv_heads, head_size,
+                        capacity_bytes, tp, pp, isl, osl, weight_bytes,
+                        kv_bytes, fraction=0.95):
+  """(max_batch_size, max_num_tokens) that ``trtllm-bench`` builds an
+  engine with when a run states neither (NVIDIA/TensorRT-LLM
+  tensorrt_llm/bench/build/tuning.py @a7e572fb, ``calc_engine_setting``
+  and ``finetune_setting``): the tool's own estimate of the requests the
+  KV cache holds, R = fraction x (GPU GiB x TP x PP - params / 1e9 x
+  bytes per weight) / (2 L max(TP, kv_heads) head_size x KV bytes / GiB)
+  / (isl + osl); then raw_bs = min(R, 4096) / PP, raw_tokens =
+  min(raw_bs (1 + isl / osl), 32768), each rounded up to the tool's steps
+  (batch: at least 64, multiples of 32 below 256, 128 below 1024, else
+  256; tokens: at least 2048, multiples of 256 below 4096, 512 below
+  8192, else 1024).  Scalars (Python numbers)."""
+  import math
+  per_token_gib = 2 * num_layers * max(tp, kv_heads) * head_size * \
+    kv_bytes / 2 ** 30
+  available = capacity_bytes / 2 ** 30 * tp * pp - params / 1e9 * \
+    weight_bytes
+  requests = max(available * fraction / per_token_gib / (isl + osl), 0.0)
+  raw_bs = min(requests, TRTLLM_BENCH_MAX_BATCH) / pp
+  raw_tokens = min(raw_bs * (1 + isl / osl), TRTLLM_BENCH_MAX_TOKENS)
+  if raw_bs < 256:
+    bs = max(64, 32 * math.ceil(raw_bs / 32))
+  elif raw_bs < 1024:
+    bs = 128 * math.ceil(raw_bs / 128)
+  else:
+    bs = 256 * math.ceil(raw_bs / 256)
+  if raw_tokens < 4096:
+    tokens = max(2048, 256 * math.ceil(raw_tokens / 256))
+  elif raw_tokens < 8192:
+    tokens = 512 * math.ceil(raw_tokens / 512)
+  else:
+    tokens = 1024 * math.ceil(raw_tokens / 1024)
+  return int(bs), int(tokens)

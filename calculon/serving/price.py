@@ -287,7 +287,7 @@ def _aggregated(app, system, dep, w, run, t_dec_of, chunked, mixed,
   group = np.clip(np.round(burst * run), 1, run)
   t_dec = t_dec_of(run)
   out = batching.closed_loop(run, isl, osl, t_dec, tau, q, mixed, group,
-                             overhead)
+                             overhead, t_dec_of)
   out['steady'] = {'run': run, 'isl': isl, 'osl': osl, 't_dec': t_dec,
                    'tau': tau, 'q': q, 'mixed': mixed}
   return out

@@ -272,6 +272,24 @@ def deployment_of(row, base_dir):
     assumptions.append('float4 weights on a GPU without float4 GEMMs: '
                        'bfloat16 activations (weight-only, as MXFP4 on '
                        'Hopper)')
+  text = (row.get('source') or '') + ' ' + notes
+  if fw == 'trtllm' and 'trtllm-bench' in text and 'static_batch' not in f \
+      and 'max_num_tokens' not in f and 'max_num_seqs' not in f:
+    from calculon.config.registry import SERVING_DATATYPE_BYTES
+    from calculon.serving.frameworks import trtllm_bench_limits
+    kv_dtype = kv or f.get('activation_datatype') or w
+    bs, tokens = trtllm_bench_limits(
+      sum(app.parameter_breakdown().values()), app.num_blocks,
+      app.kv_heads_for(), app.attn_size,
+      io.load_system(sys_path).mem1.capacity_bytes, f['tensor_par'], pp,
+      isl, osl, SERVING_DATATYPE_BYTES[w], SERVING_DATATYPE_BYTES[kv_dtype],
+      f.get('memory_fraction', 0.95))
+    f['max_num_seqs'], f['max_num_tokens'] = bs, max(tokens, isl)
+    assumptions.append(f'trtllm-bench limits: max_batch_size {bs}, '
+                       f'max_num_tokens {tokens} (its build heuristic, '
+                       'tensorrt_llm/bench/build/tuning.py)' +
+                       (f', raised to the prompt ({isl})' if isl > tokens
+                        else ''))
   if fw == 'trtllm' and isl > 8192 and 'max_num_tokens' not in f and \
       'static_batch' not in f:
     f['max_num_tokens'] = isl
