@@ -386,3 +386,101 @@ def test_serve_cli_finite_benchmark_makespan(tmp_path):
   res = run_cli('serve', 'models/llama3-8B.json', dep,
                 'systems/h100_sxm_80g_datasheet.json')
   assert '64 requests at once: makespan' in res.stdout
+
+
+def test_prefill_bound_closed_loop_decodes_the_mean_batch():
+  """Eight users, prompts of 100 tokens, one prompt an iteration (q =
+  100), 3 output tokens, mixed iterations, prefill 0.1 ms a token,
+  decode 1 ms + 1 ms a sequence.  Prefill bounds the cycle: I_p = 8
+  iterations > I = 2 + 1 = 3, so each iteration decodes the mean batch 8
+  x 2 / 8 = 2 (Little's law: each user decodes 2 of the 8 iterations):
+  t_mix = 10 ms + 3 ms = 13 ms, cycle 8 x 13 = 104 ms; every iteration
+  steps each running decode, so TPOT = 13 ms and TTFT = 104 - 2 x 13 =
+  78 ms (the queue for prefill)."""
+  from calculon.serving.batching import closed_loop
+  t = lambda c: 0.001 + 0.001 * np.asarray(c, float)
+  out = closed_loop(8, 100, 3, t(8), 1e-4, 100, True, 1, 0.0, t)
+  assert out['latency_s'] == pytest.approx(0.104)
+  assert out['tpot_s'] == pytest.approx(0.013)
+  assert out['ttft_s'] == pytest.approx(0.078)
+  assert out['output_tokens_per_s'] == pytest.approx(8 * 3 / 0.104)
+  # Without the decode-batch function every iteration decodes all 8.
+  old = closed_loop(8, 100, 3, t(8), 1e-4, 100, True, 1)
+  assert old['latency_s'] == pytest.approx(8 * (0.010 + 0.009))
+
+
+def test_trtllm_bench_limits_by_hand():
+  """trtllm-bench's heuristic (tensorrt_llm/bench/build/tuning.py):
+  Llama 3.1 70B FP8 (70.6e9 parameters, 80 layers, 8 K/V heads of 128)
+  on 8 GPUs of 141e9 bytes, ISL 2048, OSL 128.  KV GiB a token = 2 x 80 x
+  8 x 128 x 1 / 2^30 = 1.526e-4; memory = 8 x 131.32 GiB - 70.6 GB = 979.9
+  GiB; requests = 0.95 x 979.9 / 1.526e-4 / 2176 = 2,803 -> batch
+  ceil(2803 / 256) x 256 = 2,816; tokens min(2803 x 17, 32768) = 32,768."""
+  from calculon.serving.frameworks import trtllm_bench_limits
+  bs, tokens = trtllm_bench_limits(70.6e9, 80, 8, 128, 141e9, 8, 1, 2048,
+                                   128, 1, 1)
+  per_token = 2 * 80 * 8 * 128 / 2 ** 30
+  requests = 0.95 * (8 * 141e9 / 2 ** 30 - 70.6) / per_token / 2176
+  assert bs == 256 * -(-requests // 256) == 2816
+  assert tokens == 32768
+  # 8B bf16 on one 80 GiB GPU, ISL = OSL = 128: requests = 0.95 x (80 -
+  # 16) GiB / (2 x 32 x 8 x 128 x 2 / 2^30 GiB) / 256 = 1,945.6 -> batch
+  # 2,048; tokens 1,945.6 x 2 = 3,891 -> 256 x 16 = 4,096.
+  bs, tokens = trtllm_bench_limits(8e9, 32, 8, 128, 80 * 2 ** 30, 1, 1,
+                                   128, 128, 2, 2)
+  assert (bs, tokens) == (2048, 4096)
+
+
+UNSEEN = """\
+id,source,model,params_b,num_experts,active_params_b,gpu,num_gpus,tp,pp,ep,precision,framework,isl,osl,concurrency_or_rate,metric,value,notes
+u01,MLPerf Inference v5.0 (synthetic),Llama 2 70B,69,,69,NVIDIA H200-SXM-141GB,8,1,1,,FP8,TensorRT-LLM 0.17,294,294,Offline,tokens_per_s,34000,
+u02,MLPerf Inference v5.0 (synthetic),Llama-2-70b-chat-hf,69,,69,NVIDIA H200-SXM-141GB,8,1,1,,FP8,TensorRT-LLM 0.17,294,294,Server (Poisson) 30 queries/s,tokens_per_s,9000,
+u03,ROCm blog (synthetic),meta-llama/Llama-3.1-70B-Instruct,70.6,,70.6,AMD Instinct MI300X,8,8,1,,FP8,vLLM 0.6.4 (ROCm),1024,1024,max_concurrency 64,output_tokens_per_s,4000,
+u04,ROCm blog (synthetic),Llama-3.1-8B,8,,8,MI300X,1,1,1,,BF16,vllm-rocm,128,128,concurrency=32,ttft_ms_mean,40,
+u05,other lab (synthetic),Llama-3.3-70B-Instruct,70.6,,70.6,H200 NVL,4,4,1,,FP8,SGLang v0.9.1,2048,256,request rate 4 req/s,tpot_ms_median,20,
+u06,other lab (synthetic),Mixtral 8x7B,46.7,8,12.9,H200,2,2,1,,FP8,TensorRT-LLM 2.0.0,1000,1000,concurrency 128,itl_ms,15,
+u07,other lab (synthetic),DeepSeek-R1,671,256,37,H200 SXM,8,8,1,8,FP8,SGLang 0.6.0,1024,1024,Concurrency: 64,time_to_first_token_ms,800,
+u08,other lab (synthetic),Llama-3.1-70B,70.6,,70.6,H100 SXM,8,,,,BF16,vLLM 0.13.0,1024,512,concurrency=64,output_tokens_per_s,2500,
+"""
+
+
+def test_serving_suite_prices_rows_from_unseen_sources(tmp_path):
+  """Rows phrased as other sources phrase them (MLPerf Inference offline
+  and server, MI300X, H200 NVL, unknown framework versions, checkpoint
+  names, blank TP) are all priced through the CLI; the server row's 30
+  queries/s over 8 TP-1 replicas is an open loop of 3.75/s each, so its
+  output is 30 x 294 = 8,820 tokens/s."""
+  runs = tmp_path / 'unseen.csv'
+  runs.write_text(UNSEEN)
+  out = tmp_path / 'out'
+  res = run_cli('llm-validation', '--suite', 'serving', '--runs', runs,
+                '--out', out)
+  assert res.returncode == 0, res.stderr
+  import csv
+  rows = {r['id']: r for r in csv.DictReader(
+    open(out / 'serving_results.csv', encoding='utf-8'))}
+  assert len(rows) == 8
+  assert {r['status'] for r in rows.values()} == {'priced'}, rows
+  assert float(rows['u02']['predicted']) == pytest.approx(30 * 294)
+  assert 'load split evenly' in rows['u02']['assumptions']
+  assert 'TP not stated: TP 4' in rows['u08']['assumptions']
+
+
+@pytest.mark.parametrize('name,key', [
+  ('Llama 2 70B', 'llama2-70B'), ('meta-llama/Llama-3.1-8B-Instruct',
+                                  'llama3-8B'),
+  ('Llama-2-70b-chat-hf', 'llama2-70B'), ('llama2-13b', 'llama2-13B'),
+  ('Mixtral_8x22B', 'mixtral-8x22B'), ('DeepSeek-R1-FP8', 'deepseek-v3'),
+  ('Unknown-1B', None)])
+def test_model_names_fold_to_bundled_files(name, key):
+  from calculon.validation.serving import model_key
+  assert model_key(name) == key
+
+
+def test_metric_names_fold_to_kinds():
+  from calculon.validation.serving import metric_kind
+  assert metric_kind('time_to_first_token_ms') == 'ttft'
+  assert metric_kind('Inter-token latency (ms)') == 'tpot'
+  assert metric_kind('inter_token_latency_ms') == 'tpot'
+  assert metric_kind('samples/s') == 'throughput'
+  assert metric_kind('tokens/s/GPU') == 'throughput'

@@ -85,7 +85,43 @@ MODELS = {
   'gpt-oss-120b': 'gpt-oss-120b', 'llama-4-scout': 'llama4-scout',
   'llama-4-maverick': 'llama4-maverick', 'mistral-7b': 'mistral-7B',
   'gpt-j-6b': 'gpt-j-6B', 'gpt-j': 'gpt-j-6B',
+  # Llama 3.3 70B is Llama 3.1 70B's architecture (Meta's model card).
+  'llama-3.3-70b': 'llama3-70B',
 }
+#: Checkpoint suffixes that name a variant of the same architecture.
+_VARIANTS = ('-instruct', '-chat', '-hf', '-base', '-fp8', '-fp4', '-nvfp4',
+             '-awq', '-gptq', '-int4', '-int8', '-dynamic', '-v1', '-it')
+
+
+def model_key(name):
+  """The bundled application a row's model names (a key of MODELS's
+  values), or None: case, spaces and underscores folded to hyphens, an
+  organization prefix ('meta-llama/') and checkpoint-variant suffixes
+  ('-Instruct', '-chat-hf', '-FP8', ...) dropped, 'llama2' read as
+  'llama-2'."""
+  m = name.strip().lower().split('/')[-1]
+  m = re.sub(r'[\s_]+', '-', m)
+  m = re.sub(r'^(meta-)?llama-?(\d(?:\.\d)?)-?', r'llama-\2-', m)
+  m = re.sub(r'-+', '-', m).strip('-')
+  changed = True
+  while changed and m not in MODELS:
+    changed = False
+    for suffix in _VARIANTS:
+      if m.endswith(suffix):
+        m, changed = m[:-len(suffix)], True
+  return MODELS.get(m)
+
+
+def framework_key(text):
+  """'trtllm', 'vllm' or 'sglang' for a row's framework text (its
+  name anywhere in it: 'TensorRT-LLM 0.17', 'vllm-rocm', 'SGLang v0.4'),
+  or None."""
+  t = (text or '').lower()
+  for key, names in (('vllm', ('vllm',)), ('sglang', ('sglang',)),
+                     ('trtllm', ('trtllm', 'tensorrt', 'trt-llm'))):
+    if any(n in t for n in names):
+      return key
+  return None
 #: GPU name fragment (lower case, first match wins) -> system file.
 SYSTEMS = (
   ('gb300', 'gb300_nvl72_datasheet'), ('gb200', 'gb200_nvl72_datasheet'),
@@ -132,12 +168,15 @@ def read_runs(paths):
 
 def metric_kind(metric):
   """'throughput', 'tpot' or 'ttft' for a metric name, or None."""
-  m = metric.lower()
-  if m.startswith(('ttft', 'prompt_time')):
+  m = re.sub(r'[\s/\-()]+', '_', metric.lower())
+  if m.startswith(('ttft', 'prompt_time', 'time_to_first_token',
+                   'first_token')):
     return 'ttft'
-  if m.startswith(('tpot', 'itl', 'token_time')):
+  if m.startswith(('tpot', 'itl', 'token_time', 'inter_token',
+                   'time_per_output_token', 'tbt')):
     return 'tpot'
-  if 'tokens_per_s' in m:
+  if re.search(r'(tokens|tok|samples|queries|requests)_(per_)?s(_|$)|qps',
+               m):
     return 'throughput'
   return None
 
@@ -171,7 +210,7 @@ def deployment_of(row, base_dir):
   kind = metric_kind(row['metric'])
   if kind is None:
     return f"metric '{row['metric']}' is not a serving figure"
-  model = MODELS.get(row['model'].strip().lower())
+  model = model_key(row['model'])
   if model is None:
     return f"no bundled application for model '{row['model']}'"
   gpu = row['gpu'].lower()
@@ -189,20 +228,24 @@ def deployment_of(row, base_dir):
       assumptions.append(f'ShareGPT lengths: isl {isl}, osl {osl}')
     else:
       return f"lengths isl '{row['isl']}', osl '{row['osl']}' not known"
-  fw = row['framework'].strip().lower().split()[0] if row['framework'] \
-    else 'trtllm'
-  if fw not in ('trtllm', 'vllm', 'sglang'):
+  fw = framework_key(row['framework']) if row['framework'] else 'trtllm'
+  if fw is None:
     assumptions.append(f'framework {row["framework"]!r} priced as trtllm')
     fw = 'trtllm'
   w, kv = _datatypes(row['precision'], notes)
+  app_path = os.path.join(base_dir, 'models', f'{model}.json')
+  sys_path = os.path.join(base_dir, 'systems', f'{system}.json')
   if 'not recorded' in row['precision'].lower():
     assumptions.append('precision not recorded: bfloat16')
-  tp = _int(row['tp']) or 1
+  tp = _int(row['tp'])
   pp = _int(row['pp']) or 1
+  if tp is None:
+    tp = _smallest_tp(app_path, base_dir, row, w, pp)
+    assumptions.append(f'TP not stated: TP {tp}, the smallest power of two '
+                       'whose weights take at most half of each GPU')
   f = {'framework': fw, 'tensor_par': tp, 'pipeline_par': pp,
        'weight_datatype': w, 'kv_cache_datatype': kv, 'isl': isl,
        'osl': osl}
-  app_path = os.path.join(base_dir, 'models', f'{model}.json')
   from calculon import io
   app = io.load_application(app_path)
   adp = 1
@@ -237,9 +280,10 @@ def deployment_of(row, base_dir):
     assumptions.append(f'vLLM multi-step scheduling: {m_steps.group(1)} '
                        'steps a round (ITL = the gap between bursts)')
   load = row['concurrency_or_rate'].strip().lower()
-  m_conc = re.match(r'concurrency=(\d+)', load)
-  m_static = re.match(r'static batch=(\d+)', load)
-  m_rate = re.match(r'request_rate=([\d.]+)', load)
+  m_conc = re.search(r'concurrency\s*[=:]?\s*(\d+)', load)
+  m_static = re.match(r'static batch\s*[=:]?\s*(\d+)', load)
+  m_rate = re.search(r'(?:request[_ ]rate|qps)\s*[=:]?\s*([\d.]+)', load) \
+    or re.search(r'([\d.]+)\s*(?:req(?:uests)?|queries|qps)\s*/\s*s', load)
   m_silicon = re.search(r'silicon_concurrency=(\d+)', notes)
   if m_conc:
     f['concurrency'] = int(m_conc.group(1))
@@ -265,7 +309,6 @@ def deployment_of(row, base_dir):
   else:
     return f"load '{row['concurrency_or_rate']}' not understood"
   size = f['tensor_par'] * pp * adp
-  sys_path = os.path.join(base_dir, 'systems', f'{system}.json')
   matrix = io.read_json_file(sys_path).get('matrix', {})
   if w == 'float4' and 'float4' not in matrix:
     f['activation_datatype'] = 'bfloat16'
@@ -299,8 +342,35 @@ def deployment_of(row, base_dir):
   gpus = _int(row['num_gpus']) or size
   replicas = max(1, gpus // size)
   if replicas > 1:
-    assumptions.append(f'{replicas} replicas of {size} GPUs')
+    # The row's load is the whole fleet's: each replica takes its share.
+    for name in ('concurrency', 'num_requests'):
+      if name in f:
+        f[name] = max(1, math.ceil(f[name] / replicas))
+    if 'request_rate' in f:
+      f['request_rate'] = f['request_rate'] / replicas
+    assumptions.append(f'{replicas} replicas of {size} GPUs, the load '
+                       'split evenly')
   return (app_path, sys_path, f, assumptions, replicas, kind)
+
+
+def _smallest_tp(app_path, base_dir, row, weight_dtype, pp):
+  """The smallest power of two TP, at most the row's GPUs / PP (8 when
+  blank), whose weights (bytes per parameter of ``weight_dtype``) take at
+  most half of one GPU's memory, the rest left to the KV cache."""
+  from calculon import io
+  from calculon.config.registry import SERVING_DATATYPE_BYTES
+  app = io.load_application(app_path)
+  gpu = row['gpu'].lower()
+  system = next((f for k, f in SYSTEMS if k in gpu))
+  cap = io.load_system(os.path.join(base_dir, 'systems', f'{system}.json')
+                       ).mem1.capacity_bytes
+  weights = sum(app.parameter_breakdown().values()) * \
+    SERVING_DATATYPE_BYTES[weight_dtype] / pp
+  top = max(1, (_int(row['num_gpus']) or 8) // pp)
+  tp = 1
+  while tp * 2 <= top and weights / tp > 0.5 * cap:
+    tp *= 2
+  return tp
 
 
 def _finite(load, row):
@@ -318,16 +388,28 @@ def _finite(load, row):
 
 def predicted(res, row, kind, replicas):
   """The model's figure for the row's metric."""
-  m = row['metric'].lower()
+  m = re.sub(r'[\s/\-()]+', '_', row['metric'].lower())
+  # Latencies in ms unless the metric names seconds ('ttft_s').
+  to_unit = 1e-3 if re.search(r'_s(_|$)', m) and '_ms' not in m else 1.0
   if kind == 'ttft':
-    return float(np.ravel(res['ttft_ms'])[0])
+    return float(np.ravel(res['ttft_ms'])[0]) * to_unit
   if kind == 'tpot' and m.startswith('itl'):
-    return float(np.ravel(res['itl_ms'])[0])
+    return float(np.ravel(res['itl_ms'])[0]) * to_unit
   if kind == 'tpot':
-    return float(np.ravel(res['tpot_ms'])[0])
-  if m.endswith('per_gpu'):
+    return float(np.ravel(res['tpot_ms'])[0]) * to_unit
+  per_gpu = re.search(r'(^|_)gpu(_|$)', m) is not None
+  scale = 1.0 / float(np.ravel(res['gpus'])[0]) if per_gpu else replicas
+  out = float(np.ravel(res['output_tokens_per_s'])[0])
+  inp = float(np.ravel(res['input_tokens_per_s'])[0])
+  if re.search(r'(samples|queries|requests)_(per_)?s(_|$)|qps', m):
+    return float(np.ravel(res['requests_per_s'])[0]) * scale
+  if 'input' in m or 'prompt' in m:
+    return inp * scale
+  if 'total_tokens' in m or 'in_out' in m:
+    return (inp + out) * scale
+  if per_gpu:
     return float(np.ravel(res['output_tokens_per_s_per_gpu'])[0])
-  return float(np.ravel(res['output_tokens_per_s'])[0]) * replicas
+  return out * replicas
 
 
 def run_suite(rows, base_dir, progress=None):
