@@ -303,6 +303,10 @@ def _nccl_rank(rank, gpus, tmp, sizes, ops, warmup, repeats, backend):
     timeout=dt.timedelta(seconds=600))
   timer = Timer(torch, 'cuda' if cuda else 'cpu', warmup, repeats)
   half = torch.float16
+  all_gather = getattr(dist, 'all_gather_single', None) or \
+    dist.all_gather_into_tensor
+  reduce_scatter = getattr(dist, 'reduce_scatter_single', None) or \
+    dist.reduce_scatter_tensor
   rows = []
   for op in ops:
     for size in sizes:
@@ -314,11 +318,11 @@ def _nccl_rank(rank, gpus, tmp, sizes, ops, warmup, repeats, backend):
       elif op == 'all_gather':
         x = torch.ones(part, device=dev, dtype=half)
         out = torch.empty(count, device=dev, dtype=half)
-        fn = lambda: dist.all_gather_into_tensor(out, x)  # noqa: E731
+        fn = lambda: all_gather(out, x)  # noqa: E731
       elif op == 'reduce_scatter':
         x = torch.ones(count, device=dev, dtype=half)
         out = torch.empty(part, device=dev, dtype=half)
-        fn = lambda: dist.reduce_scatter_tensor(out, x)  # noqa: E731
+        fn = lambda: reduce_scatter(out, x)  # noqa: E731
       else:
         x = torch.ones(count, device=dev, dtype=half)
         out = torch.empty(count, device=dev, dtype=half)
@@ -392,11 +396,14 @@ def _nccl_version(torch):
 
 
 def _table_provenance(torch, timer, kernels):
-  """Per-table provenance in the importer's keys (framework, version,
-  collection_meta, kernel_source)."""
-  return {'framework': 'torch', 'version': torch.__version__,
+  """Per-table provenance in the importer's keys: the collecting framework
+  (calculon profile and its version), ``collection_meta`` (torch's
+  version, the timing method) and the kernels timed."""
+  from calculon import __version__
+  return {'framework': 'calculon profile', 'version': __version__,
           'collection_meta': {'collector': 'calculon profile '
-                              '--measure-kernels', 'timing': timer.method},
+                              '--measure-kernels', 'torch': torch.__version__,
+                              'timing': timer.method},
           'kernel_source': [k for k in kernels if k]}
 
 
