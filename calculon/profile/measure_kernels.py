@@ -77,10 +77,10 @@ QUICK_WARMUP, QUICK_REPEATS = 1, 3
 MEMORY_SHARE = 0.4
 #: FLOP cap of one call (None: no cap): a CPU would take hours over the
 #: full grid's largest GEMMs; the capped points are filled.
-MAX_FLOPS = {'cuda': None, 'cpu': 2e10}
+MAX_FLOPS = {'cuda': None, 'cpu': 2e9}
 #: Attention FLOP cap per call on any device (4 h s^2 d / 2 causal): the
 #: largest heads x sequence points would need terabytes.
-ATTENTION_MAX_FLOPS = {'cuda': 2e13, 'cpu': 2e10}
+ATTENTION_MAX_FLOPS = {'cuda': 2e13, 'cpu': 2e9}
 #: Largest finite e4m3 value (the dynamic scale maps amax(x) to it).
 E4M3_MAX = 448.0
 
