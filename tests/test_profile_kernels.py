@@ -110,3 +110,38 @@ def test_bad_input_is_one_line_exit_2(tmp_path):
   assert '--system is read only with --measure-kernels' in res.stderr
   assert not (tmp_path / 'x.json').exists()
   assert 'Traceback' not in res.stderr
+
+
+def test_nccl_table_layout_is_read_by_the_engine():
+  """Rows as the ranks return them ([op, nccl-tests bytes, ms]) into the
+  importer's layout: gpus x bytes per op; a size missing is held from its
+  neighbour along bytes; an op missing at one GPU count is left out (the
+  network model prices it).  The engine then times a table point as
+  written: 2 GPUs, 4,096 B all-reduce = 0.02 ms."""
+  from calculon.profile.measure_kernels import nccl_table
+  rows = {2: [['all_reduce', 1024, 0.01], ['all_reduce', 4096, 0.02],
+              ['all_gather', 1024, 0.005], ['all_gather', 4096, 0.006]],
+          4: [['all_reduce', 1024, 0.015], ['all_reduce', 4096, 0.03],
+              ['all_gather', 4096, 0.009]]}
+  table = nccl_table(rows, [1024, 4096], {'framework': 'calculon profile'})
+  assert (table['gpus'], table['bytes'], table['dtype']) == \
+    ([2, 4], [1024, 4096], 'half')
+  assert table['latency_ms'] == {
+    'all_reduce': [[0.01, 0.02], [0.015, 0.03]],
+    # 4 GPUs at 1,024 B not measured: held from 4,096 B
+    'all_gather': [[0.005, 0.006], [0.009, 0.009]]}
+  cfg = read_json_file(BASE)
+  cfg['measured'] = {'nccl': table}
+  system = System(cfg, 'nccl-table')
+  assert system.measured.has_collective('all_reduce')
+  assert not system.measured.has_collective('reduce_scatter')
+  assert system.measured.collective_time_s('all_reduce', 4096, 2) * 1e3 == \
+    pytest.approx(0.02, rel=1e-9)
+
+
+def test_options_of_the_other_profile_are_refused(tmp_path):
+  res = run_cli('profile', '--measure-kernels', '--procs', '2', '--system',
+                BASE, '-o', tmp_path / 'x.json')
+  assert res.returncode == 2
+  assert '--procs: not an option of --measure-kernels' in res.stderr
+  assert not (tmp_path / 'x.json').exists()

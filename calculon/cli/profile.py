@@ -165,7 +165,6 @@ def run_measure_kernels(args, log):
   from calculon.hardware import System
   from calculon.io import read_json_file
   from calculon.kernels import import_kernels
-  from calculon.profile.machine import resolve_backend
   from calculon.profile.outputs import check_output_file, write_atomic
   if args.system is None:
     raise ConfigError('--measure-kernels needs --system BASE.json (the '
@@ -174,15 +173,29 @@ def run_measure_kernels(args, log):
   if args.output is None:
     raise ConfigError('--measure-kernels needs -o OUT.json (the system file '
                       'to write)', field='-o', value=None)
+  for option, given in (('--procs', args.procs != 1), ('--smoke', args.smoke),
+                        ('--report', args.report is not None),
+                        ('--dtypes', args.dtypes is not None),
+                        ('--backend numpy', args.backend == 'numpy'),
+                        ('--clock cpu', args.clock == 'cpu'),
+                        ('--timeout', args.timeout is not None),
+                        ('--retry-delay', args.retry_delay is not None),
+                        ('--repeats', args.repeats is not None)):
+    if given:
+      raise ConfigError(f'{option}: not an option of --measure-kernels (it '
+                        'times with torch on --device, NCCL over every '
+                        'visible GPU, every datatype the device runs)',
+                        field=option.split()[0], value=option)
   check_output_file(args.output, ('.json',), '-o/--output')
   if os.path.exists(args.output) and os.path.exists(args.system) and \
       os.path.samefile(args.output, args.system):
     raise ConfigError(f'{args.output}: -o is the --system file; write the '
                       'measured file elsewhere', source=args.output,
                       field='-o', value=args.output)
-  if resolve_backend('torch', args.device, log) != 'torch':
+  from calculon.profile.timing import have_torch
+  if not have_torch():
     raise ConfigError("--measure-kernels needs torch: pip install -e "
-                      "'.[profile]'", field='--backend', value=args.backend)
+                      "'.[profile]'", field='--measure-kernels', value=None)
   if args.device == 'cuda':
     from calculon.profile.machine import check_cuda
     check_cuda(1)

@@ -367,27 +367,65 @@ def nccl_problem(torch, device):
   return None
 
 
-def nccl_section(torch, sizes, timer, log=None):
+def nccl_table(rows_by_gpus, sizes, provenance):
   """The ``nccl`` table (dict, :func:`calculon.kernels.import_kernels.
-  nccl_section`'s layout) over the powers of two up to the visible GPU
-  count and ``sizes`` (bytes)."""
-  count = torch.cuda.device_count()
-  gpus = [g for g in (2, 4, 8, 16, 32, 64) if g <= count]
-  grids = {op: np.full((len(gpus), len(sizes)), np.nan) for op in NCCL_OPS}
-  for gi, g in enumerate(gpus):
-    for op, size, ms in nccl_rows(g, sizes, NCCL_OPS, timer.warmup,
-                                  timer.repeats):
-      grids[op][gi, list(sizes).index(size)] = ms
-    if log is not None:
-      log.info(f'NCCL {g} GPUs: done')
-  out = dict(_table_provenance(torch, timer, [
-    f'torch.distributed (NCCL {_nccl_version(torch)})']),
-    dtype='half', gpus=gpus, bytes=list(sizes), latency_ms={})
-  for op, grid in grids.items():
+  nccl_section`'s layout) from measured rows.
+
+  Args:
+    rows_by_gpus: {GPU count: [[op, bytes, ms], ...]} (:func:`nccl_rows`).
+    sizes: the bytes axis (ascending).
+    provenance: the table's provenance keys.
+
+  Returns:
+    the dict; an operation missing at some GPU count is left out, one
+    missing at some sizes is filled along bytes (latency held, the
+    importer's rule).
+  """
+  gpus = sorted(rows_by_gpus)
+  sizes = list(sizes)
+  out = dict(provenance, dtype='half', gpus=gpus, bytes=sizes,
+             latency_ms={})
+  for op in NCCL_OPS:
+    grid = np.full((len(gpus), len(sizes)), np.nan)
+    for gi, g in enumerate(gpus):
+      for name, size, ms in rows_by_gpus[g]:
+        if name == op and size in sizes:
+          grid[gi, sizes.index(size)] = ms
     grid, _ = _fill_along(grid, np.ones_like(grid), axis=1)
-    if not np.isnan(grid).any():
+    if not np.isnan(grid).any() and np.all(grid > 0):
       out['latency_ms'][op] = _round(grid)
   return out
+
+
+def nccl_section(torch, sizes, timer, log=None):
+  """The ``nccl`` table measured over the powers of two up to the visible
+  GPU count and ``sizes`` (bytes), and why GPU counts were dropped (a
+  failed count is left out).
+
+  Returns:
+    (table dict or None when no operation has a complete table, reason
+    str or None).
+  """
+  count = torch.cuda.device_count()
+  rows, failed = {}, []
+  for g in (2, 4, 8, 16, 32, 64):
+    if g > count:
+      break
+    try:
+      rows[g] = nccl_rows(g, sizes, NCCL_OPS, timer.warmup, timer.repeats)
+    except Exception as err:  # noqa: BLE001 -- a failed rank: recorded
+      failed.append(f'{g} GPUs: ' + (str(err).strip().splitlines() or
+                                     [type(err).__name__])[0][:200])
+    if log is not None:
+      log.info(f"NCCL {g} GPUs: {'done' if g in rows else 'failed'}")
+  why = '; '.join(failed) or None
+  if not rows:
+    return None, why or 'no GPU count measured'
+  table = nccl_table(rows, sizes, _table_provenance(torch, timer, [
+    f'torch.distributed (NCCL {_nccl_version(torch)})']))
+  if not table['latency_ms']:
+    return None, why or 'no operation gave a complete table'
+  return table, why
 
 
 def _nccl_version(torch):
@@ -469,14 +507,8 @@ def measured_section(device='cuda', quick=False, log=None, threads=None):
   nccl = None
   why = nccl_problem(torch, device)
   if why is None:
-    try:
-      nccl = nccl_section(torch, QUICK['bytes'] if quick else NCCL_BYTES,
-                          timer, log)
-      if not nccl['latency_ms']:
-        nccl, why = None, 'no operation gave a complete table'
-    except Exception as err:  # noqa: BLE001 -- a failed rank: recorded
-      nccl, why = None, 'the NCCL ranks failed: ' + \
-        (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+    nccl, why = nccl_section(torch, QUICK['bytes'] if quick else NCCL_BYTES,
+                             timer, log)
   if why is not None:
     skipped['nccl'] = why
   source = {
