@@ -200,19 +200,22 @@ def gemm_section(torch, device, dtypes, ms, nks, timer, max_flops=None,
   gen = torch.Generator(device=device).manual_seed(0)
   budget = MEMORY_SHARE * _free_bytes(torch, device)
   for ki, k in enumerate(ks):
-    rows = max([m for m in ms if 4.0 * m * k <= budget / 4] or [ms[0]])
+    cap = np.inf if max_flops is None else max_flops
+
+    def runs(m, n):
+      return 2.0 * m * n * k <= cap
+    rows = max([m for m in ms if 4.0 * m * k <= budget / 4 and
+                runs(m, ns[0])] or [ms[0]])
     x_all = torch.randn(rows, k, device=device, generator=gen,
                         dtype=torch.bfloat16)
     for ni, n in enumerate(ns):
-      if 2.0 * n * k * 2 > budget / 4:
+      if 2.0 * n * k * 2 > budget / 4 or not runs(ms[0], n):
         continue
       w = torch.randn(n, k, device=device, generator=gen,
                       dtype=torch.bfloat16)
       w8 = w.to(torch.float8_e4m3fn) if 'fp8' in dtypes else None
       for mi, m in enumerate(ms):
-        if m > rows or (max_flops is not None and
-                        flops[mi, ni, ki] > max_flops) or \
-            2.0 * m * n > budget / 2:
+        if m > rows or not runs(m, n) or 2.0 * m * n > budget / 2:
           continue
         x = x_all[:m]
         for dtype in dtypes:
