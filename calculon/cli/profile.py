@@ -68,6 +68,13 @@ def add_parsers(sp):
   p.add_argument('--smoke', action='store_true',
                  help='every benchmark at tiny sizes: checks the setup in '
                  'seconds (the numbers are overheads, not a profile)')
+  p.add_argument('--measure-kernels', action='store_true',
+                 help="instead: time GEMMs, causal attention and NCCL "
+                 "collectives with torch into --system's measured section "
+                 '(written to -o; see docs/profile.md)')
+  p.add_argument('--system', default=None, metavar='BASE.json',
+                 help='with --measure-kernels: the system file whose other '
+                 'fields are kept')
   _common(p)
   _runner_options(p)
   p.set_defaults(func=run_profile_cmd)
@@ -121,6 +128,12 @@ def _profile(args, procs, log):
 
 
 def run_profile_cmd(args, log):
+  if args.measure_kernels:
+    return run_measure_kernels(args, log)
+  if args.system is not None:
+    from calculon.errors import ConfigError
+    raise ConfigError('--system is read only with --measure-kernels',
+                      field='--system', value=args.system)
   from calculon.profile.machine import system_text
   from calculon.profile.outputs import (
     check_output_dir, check_output_file, write_atomic)
@@ -141,6 +154,82 @@ def run_profile_cmd(args, log):
   else:
     write_atomic(args.output, system_text(result.system))
     log.info(f'System file: {args.output}')
+  return EXIT_OK
+
+
+def run_measure_kernels(args, log):
+  """``calculon profile --measure-kernels``: --system with a ``measured``
+  section timed on this machine (:mod:`calculon.profile.measure_kernels`)
+  written to -o."""
+  from calculon.errors import ConfigError
+  from calculon.hardware import System
+  from calculon.io import read_json_file
+  from calculon.kernels import import_kernels
+  from calculon.profile.outputs import check_output_file, write_atomic
+  if args.system is None:
+    raise ConfigError('--measure-kernels needs --system BASE.json (the '
+                      'system file whose other fields are kept)',
+                      field='--system', value=None)
+  if args.output is None:
+    raise ConfigError('--measure-kernels needs -o OUT.json (the system file '
+                      'to write)', field='-o', value=None)
+  for option, given in (('--procs', args.procs != 1), ('--smoke', args.smoke),
+                        ('--report', args.report is not None),
+                        ('--dtypes', args.dtypes is not None),
+                        ('--backend numpy', args.backend == 'numpy'),
+                        ('--clock cpu', args.clock == 'cpu'),
+                        ('--timeout', args.timeout is not None),
+                        ('--retry-delay', args.retry_delay is not None),
+                        ('--repeats', args.repeats is not None)):
+    if given:
+      raise ConfigError(f'{option}: not an option of --measure-kernels (it '
+                        'times with torch on --device, NCCL over every '
+                        'visible GPU, every datatype the device runs)',
+                        field=option.split()[0], value=option)
+  check_output_file(args.output, ('.json',), '-o/--output')
+  if os.path.exists(args.output) and os.path.exists(args.system) and \
+      os.path.samefile(args.output, args.system):
+    raise ConfigError(f'{args.output}: -o is the --system file; write the '
+                      'measured file elsewhere', source=args.output,
+                      field='-o', value=args.output)
+  from calculon.profile.timing import have_torch
+  if not have_torch():
+    raise ConfigError("--measure-kernels needs torch: pip install -e "
+                      "'.[profile]'", field='--measure-kernels', value=None)
+  if args.device == 'cuda':
+    from calculon.profile.machine import check_cuda
+    check_cuda(1)
+  base = read_json_file(args.system)
+  System(base, args.system)  # the base must be a valid system
+  base.pop('measured', None)
+  from calculon.profile.measure_kernels import measured_section
+  section = measured_section(args.device, quick=args.quick, log=log,
+                             threads=args.threads)
+  src = section['source']
+  skipped = src.get('skipped', {})
+  parts = [f"GEMM ({', '.join(section['gemm']['latency_ms'])})"]
+  if 'attention' in section:
+    parts.append('context attention')
+  if 'nccl' in section:
+    nccl = section['nccl']
+    parts.append(f"NCCL ({', '.join(nccl['latency_ms'])}, "
+                 f"{min(nccl['gpus'])}-{max(nccl['gpus'])} GPUs)")
+  note = (f"Measured kernels (measured): {', '.join(parts)} timed on "
+          f"{src['device']} with torch {src['package_version']}"
+          + (f", CUDA {src['cuda']}" if src.get('cuda') else '') +
+          f" on {src['date']}"
+          + ('; skipped: ' + '; '.join(f'{k}: {v}' for k, v in
+                                       skipped.items()) if skipped else '') +
+          '; the curves and the network model price what the tables do not '
+          'cover. Produced by: calculon profile --measure-kernels '
+          + ('--quick ' if args.quick else '') +
+          f'--device {args.device} --system {args.system} -o {args.output}')
+  data = import_kernels.with_measured(base, section, note)
+  System(data, args.output)  # what is written reads back
+  write_atomic(args.output, import_kernels.system_text(data))
+  for key, why in skipped.items():
+    log.info(f'Skipped {key}: {why}')
+  log.info(f"{args.output}: measured {', '.join(parts)} on {src['device']}")
   return EXIT_OK
 
 
