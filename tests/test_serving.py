@@ -484,3 +484,20 @@ def test_metric_names_fold_to_kinds():
   assert metric_kind('inter_token_latency_ms') == 'tpot'
   assert metric_kind('samples/s') == 'throughput'
   assert metric_kind('tokens/s/GPU') == 'throughput'
+
+
+def test_piggybacked_decodes_share_the_prefill_gemms():
+  """Sarathi-Serve (OSDI 2024) section 3.3: decodes fused into a prefill
+  iteration read the weights once with it.  Two users, prompts of 100
+  tokens (one an iteration), 11 output tokens, prefill 0.1 ms a token,
+  decode step 10 ms, a decode token riding in a prefill 0.5 ms: a mixed
+  iteration costs max(10 + 0.5 x 2, 10) = 11 ms, not 10 + 10 = 20 ms."""
+  from calculon.serving.batching import closed_loop
+  t = lambda c: 0.010 + 0 * np.asarray(c, float)
+  ride = lambda c: 0.0005 * np.asarray(c, float)
+  out = closed_loop(2, 100, 11, 0.010, 1e-4, 100, True, 1, 0.0, t, ride)
+  # Mean decoding batch 2 x 10 / max(11, 2) = 1.82 -> ride 0.91 ms.
+  t_mix = 0.010 + 0.0005 * 2 * 10 / 11
+  # Two prefill iterations, then 11 - 2 decode-only steps.
+  assert out['latency_s'] == pytest.approx(2 * t_mix + 9 * 0.010)
+  assert out['ttft_s'] == pytest.approx(t_mix)

@@ -67,7 +67,7 @@ def prefill_tokens_per_iteration(concurrency, isl, max_num_tokens, chunked,
 
 
 def closed_loop(concurrency, isl, osl, t_dec, tau, q, mixed, group,
-                overhead_s=0.0, t_dec_of=None):
+                overhead_s=0.0, t_dec_of=None, t_ride_of=None):
   """Steady state of ``concurrency`` users, each sending its next request
   when one returns (see the module).  Arrays broadcast.
 
@@ -86,6 +86,13 @@ def closed_loop(concurrency, isl, osl, t_dec, tau, q, mixed, group,
       C (osl - 1) / max(I, I_p): over a cycle each user decodes osl - 1
       tokens, and when prefill bounds the cycle (I_p > I) users queue for
       their prompt without decoding (Little's law over the cycle).
+    t_ride_of: seconds a batch of decode tokens adds to a mixed iteration
+      whose GEMMs they share with the prefill tokens (vectorized), or
+      None (a mixed iteration then costs the prefill plus a whole decode
+      step).  Given, a mixed iteration costs max(prefill + ride, decode
+      step): the decodes' weights are read once with the prefill's
+      (Agrawal et al. 2024, Sarathi-Serve, OSDI, section 3.3:
+      piggybacked decodes).
 
   Returns:
     dict of arrays: 'ttft_s', 'tpot_s', 'latency_s' (W), 'requests_per_s',
@@ -98,12 +105,17 @@ def closed_loop(concurrency, isl, osl, t_dec, tau, q, mixed, group,
   i_own = np.ceil(group_tokens / q)
   i_p = np.ceil(C / group) * i_own
   iterations = (osl - 1) + i_own
+  decoding = C * np.maximum(osl - 1, 0) / np.maximum(iterations, i_p)
   if mixed and t_dec_of is not None:
-    decoding = C * np.maximum(osl - 1, 0) / np.maximum(iterations, i_p)
     t_dec = np.asarray(t_dec_of(np.maximum(decoding, 1.0)), float)
+  prefill = np.minimum(q, group_tokens) * tau
+  if mixed and t_ride_of is not None:
+    # The decodes ride in the prefill's GEMMs (one weight read for both).
+    t_mix = np.maximum(prefill + np.asarray(
+      t_ride_of(np.maximum(decoding, 1.0)), float), t_dec) + overhead_s
   t_dec = t_dec + overhead_s
-  t_mix = np.minimum(q, group_tokens) * tau + \
-    (t_dec if mixed else overhead_s)
+  if not (mixed and t_ride_of is not None):
+    t_mix = prefill + (t_dec if mixed else overhead_s)
   ttft = (i_own + 1) / 2 * t_mix
   if mixed:
     # Other groups' prefill iterations also step this user's decode.

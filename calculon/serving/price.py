@@ -286,8 +286,19 @@ def _aggregated(app, system, dep, w, run, t_dec_of, chunked, mixed,
   burst = preset_value(dep.preset, 'arrival_burst', 0.0)
   group = np.clip(np.round(burst * run), 1, run)
   t_dec = t_dec_of(run)
+
+  def t_ride_of(c):
+    # Decode tokens fused into a prefill iteration: their GEMM FLOP at
+    # the prefill's per-token rate plus their attention over the cache.
+    _, parts = decode_step_s(app, system, w, np.asarray(c), st_ctx,
+                             dep.kv_bytes, dep.activation_datatype,
+                             dep.speculative_tokens)
+    return np.asarray(c) * tau + parts['kv'] / eff
+
+  st_ctx = isl + osl / 2.0
+  eff = preset_value(dep.preset, 'roofline_efficiency', 1.0)
   out = batching.closed_loop(run, isl, osl, t_dec, tau, q, mixed, group,
-                             overhead, t_dec_of)
+                             overhead, t_dec_of, t_ride_of)
   out['steady'] = {'run': run, 'isl': isl, 'osl': osl, 't_dec': t_dec,
                    'tau': tau, 'q': q, 'mixed': mixed}
   return out
