@@ -171,7 +171,7 @@ def _count(cell):
 def parse_layout(text, gpus):
   """(tp, pp, dp, cp) a parallelism text states for ``gpus`` GPUs (None
   where not stated): the ';'-separated part naming that GPU count, else
-  the first part naming a TP degree."""
+  the first part naming a TP degree ('no TP' states TP 1)."""
   text = str(text or '')
   parts = [p for p in re.split(r';', text) if p.strip()]
   chosen = None
@@ -183,8 +183,8 @@ def parse_layout(text, gpus):
         chosen = part
         break
   if chosen is None:
-    chosen = next((p for p in parts if re.search(r'\bTP\s*\d|\d+x TP', p)),
-                  '')
+    chosen = next((p for p in parts if re.search(
+      r'\bTP\s*\d|\d+x TP|\bno\s+TP\b', p, re.IGNORECASE)), '')
 
   def first(patterns):
     for pat in patterns:
@@ -193,6 +193,8 @@ def parse_layout(text, gpus):
         return int(next(g for g in m.groups() if g))
     return None
   tp = first([r'\bTP\s*=?\s*(\d+)', r'(\d+)x\s*TP', r'(\d+)-way\s+TP'])
+  if tp is None and re.search(r'\bno\s+TP\b', chosen, re.IGNORECASE):
+    tp = 1
   pp = first([r'\bPP\s*=?\s*(\d+)', r'(\d+)-way\s+(?:zero-bubble\s+)?PP'])
   dp = first([r'\bDP\s*=?\s*(\d+)'])
   cp = first([r'\bCP\s*=?\s*(\d+)'])
@@ -233,13 +235,23 @@ def _gpus_from_text(text):
   return None
 
 
+#: Model FLOP over hardware FLOP with full activation recompute: the
+#: forward pass runs twice, 8 FLOP per parameter per token instead of 6
+#: (Korthikanti et al. 2022, arXiv 2205.05198, section 6: hardware FLOPs
+#: utilization counts the recomputed forward, model FLOPs utilization does
+#: not; Megatron-DeepSpeed's TFLOP/s log uses the 4 x 2 coefficient).
+HFU_TO_MFU_FULL_RECOMPUTE = 6.0 / 8.0
+
+
 def published_rate(row, gpus, flops_per_token, peak_flops):
   """The step rate a row's ``mfu_or_tflops`` text states for ``gpus``
   GPUs, as tokens per second per GPU: a tokens/s/GPU figure as it is, an
   MFU percentage x the peak / the model FLOP per token, a TFLOP/s figure /
   the model FLOP per token (whole-attention convention: the source's may
-  differ).  The ','- or ';'-separated part naming the GPU count wins, else
-  the first figure.  Returns (value, what) or (None, '')."""
+  differ; a part that calls its TFLOP/s hardware FLOP with activation
+  recompute is scaled by :data:`HFU_TO_MFU_FULL_RECOMPUTE`).  The ','- or
+  ';'-separated part naming the GPU count wins, else the first figure.
+  Returns (value, what) or (None, '')."""
   text = str(row.get('mfu_or_tflops') or '')
   if not text.strip():
     return None, ''
@@ -261,6 +273,10 @@ def published_rate(row, gpus, flops_per_token, peak_flops):
         f'MFU {m.group(1)}%'
     m = re.search(r'(\d+(?:\.\d+)?)\s*TFLOP', part, re.IGNORECASE)
     if m:
+      if re.search(r'hardware', part, re.IGNORECASE) and \
+         re.search(r'recompute|recomputation', part, re.IGNORECASE):
+        return float(m.group(1)) * 1e12 * HFU_TO_MFU_FULL_RECOMPUTE / \
+          flops_per_token, f'{m.group(1)} hardware TFLOP/s/GPU x 3/4'
       return float(m.group(1)) * 1e12 / flops_per_token, \
         f'{m.group(1)} TFLOP/s/GPU'
   return None, ''
