@@ -201,6 +201,18 @@ def parse_layout(text, gpus):
   return tp, pp, dp, cp
 
 
+def expert_par_from_text(text):
+  """The expert-parallel degree a parallelism text states ('8-way EP',
+  'EP8', 'EP = 8', '8x EP'), or None."""
+  text = str(text or '')
+  for pat in (r'(\d+)-way\s+(?:expert\s+parallel(?:ism)?|EP)\b',
+              r'\bEP\s*=?\s*(\d+)', r'(\d+)x\s*EP\b'):
+    m = re.search(pat, text, re.IGNORECASE)
+    if m:
+      return int(m.group(1))
+  return None
+
+
 def _batch_from_text(text, seq):
   """A global batch a text states as 'B x S' sequences of S tokens."""
   for m in re.finditer(r'(\d[\d,]*)\s*x\s*(\d[\d,]*)', str(text or '')):
@@ -393,10 +405,14 @@ class Suite:
 
 
 def _pseudo_row(row, gpus, batch, layout):
-  """The row in the published suite's columns, for the Mapper."""
+  """The row in the published suite's columns, for the Mapper (an
+  expert-parallel degree its parallelism text states written in the notes
+  as ``ep=N``, the published suite's notes fact)."""
   tp, pp, dp, cp = layout
+  ep = expert_par_from_text(row.get('parallelism'))
   notes = ' '.join(x for x in (row.get('parallelism', ''),
-                               row.get('notes', '')) if x)
+                               row.get('notes', ''),
+                               f'ep={ep}' if ep else '') if x)
   return {
     'id': row['id'], 'source': row.get('source', ''),
     'model_name': row.get('model', ''),
