@@ -75,6 +75,9 @@ PUBLISHED = [
    'arXiv:2505.09388 Sec. 2: 235B total parameters'),
   ('deepseek-v3', 671e9, None, 0.005,
    'arXiv:2412.19437 Sec. 4.2: 671B total parameters'),
+  ('deepseek-v2', 236e9, 21e9, 0.02,
+   'arXiv:2405.04434 Sec. 3.1.2: 236B total parameters, 21B activated '
+   '(two digits: 21.4B counted)'),
 ]
 
 

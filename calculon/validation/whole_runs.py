@@ -10,8 +10,11 @@ module
    (``validation/conventions.yaml`` through
    :class:`calculon.validation.mapping.Mapper`: the model family, the
    hardware table, the datatype, the rules of its source);
-2. takes the global batch and the GPU count from the row, or else from
-   :data:`RUN_FACTS` (each with its source) and says so;
+2. takes the tokens, the GPU type, the GPU count and the global batch
+   from the row, or else from :data:`RUN_FACTS` (each with its source),
+   the scale the row's texts state, or the documented defaults
+   (:data:`DEFAULT_GPU_TYPE`, :data:`DEFAULT_GPUS`,
+   :data:`DEFAULT_BATCH_TOKENS`), and says so in the row's assumptions;
 3. prices the parallel layout the row states (its unknown settings
    searched as the published suite does: the fastest feasible candidate)
    or, when the row states none, searches every layout for the fastest
@@ -22,6 +25,9 @@ module
    defaults, nothing fitted to these rows;
 5. reports error = 100 x (predicted / published - 1) percent (positive:
    the model predicts more) for the GPU-hours, the days and the energy.
+   A row with no published GPU-hours, days or energy is priced all the
+   same, status ``'predicted'``: its predicted figures are reported with
+   no error and stay out of every median.
 
 The published energy is compared with the GPUs' predicted energy times the
 PUE (what the papers and model cards count: GPU power x hours x PUE); the
@@ -54,7 +60,9 @@ OPTIONAL = ('global_batch_size', 'tp', 'pp', 'dp', 'cp', 'dtype')
 METRICS = ('gpu_hours', 'wall_days', 'energy_mwh')
 
 #: Facts of whole runs their rows leave out: model name pattern -> the
-#: global batch in sequences and the GPU count, with the source of each.
+#: global batch in sequences (``batch``), the GPU count (``gpus``), the GPU
+#: type (``gpu_type``) and the tokens trained (``tokens``), each with its
+#: source (``why_<key>``); a row's own cell always wins.
 RUN_FACTS = (
   (r'^llama-(7|13|33|65)b$',
    {'batch': 2048, 'why_batch': 'LLaMA (arXiv 2302.13971) Table 2: batch '
@@ -77,7 +85,41 @@ RUN_FACTS = (
    {'batch': 1152, 'why_batch': 'arXiv 2402.16819 Table 2: the 2,304-GPU '
     'stage (7.6T of the 8T tokens) runs batch 1,152; priced for every '
     'token'}),
+  (r'^olmo 7b\b(?!.*twin)',
+   {'gpu_type': 'A100-40GB', 'why_gpu_type': 'OLMo (arXiv 2402.00838) '
+    'section 3 trains on two clusters, LUMI (AMD MI250X: no system file) '
+    'and MosaicML (27 nodes x 8 A100-40GB); the OLMo 7B card '
+    '(allenai/OLMo-7B README) has its Twin 2T "on different hardware": '
+    'the A100-40GB cluster assumed for this run',
+    'gpus': 216, 'why_gpus': 'the MosaicML cluster of arXiv 2402.00838 '
+    'section 3: 27 nodes x 8 A100-40GB = 216 (assumed, as the GPU type)',
+    'batch': 2160, 'why_batch': 'the OLMo 7B card\'s final checkpoint '
+    'step556000-tokens2460B: 2.46T / 556,000 steps / 2,048 = 2,160 '
+    'sequences (arXiv 2402.00838 Table 1: ~4M tokens; 10 per GPU on 216)'}),
+  (r'^bloom-176b$',
+   {'tokens': 366e9, 'why_tokens': 'BLOOM (arXiv 2211.05100) Table 3 '
+    '(p. 21): 366B tokens in total (the row leaves it blank: its README '
+    'log shows 325B at the end of epoch 1)'}),
+  (r'^gpt-neox-20b$',
+   {'batch': 1536, 'why_batch': 'EleutherAI/gpt-neox configs/20B.yml@'
+    '252ddc522fba7e2138d4c08fd05f6d11084567b8 (the run as trained on 96 '
+    'A100-40GB): micro-batch 4 x 32 accumulation steps x 12 data-parallel '
+    'ranks (96 / (TP 2 x PP 4)) = 1,536 sequences of 2,048'}),
+  (r'^deepseek-v2\b',
+   {'batch': 9216, 'why_batch': 'DeepSeek-V2 (arXiv 2405.04434) section '
+    '3.1.2: the batch ramps from 2,304 to 9,216 over the first 225B tokens '
+    'and keeps 9,216 (priced for every token)'}),
 )
+
+#: The GPU type where a row and its run facts state none: the A100 80 GB,
+#: the GPU most runs of the bundled whole-runs file state (LLaMA, Llama 2,
+#: OPT, BLOOM), flagged as assumed.
+DEFAULT_GPU_TYPE = 'A100-80GB'
+#: The GPU count where a row, its texts and its run facts state none:
+#: 2,048, the scale of LLaMA 65B (arXiv 2302.13971 section 2.4: 2,048
+#: A100-80GB) and of DeepSeek-V3 (arXiv 2412.19437 section 3.1: 2,048
+#: H800), flagged as assumed.
+DEFAULT_GPUS = 2048
 
 
 def default_path(base_dir):
@@ -129,7 +171,7 @@ def _count(cell):
 def parse_layout(text, gpus):
   """(tp, pp, dp, cp) a parallelism text states for ``gpus`` GPUs (None
   where not stated): the ';'-separated part naming that GPU count, else
-  the first part naming a TP degree."""
+  the first part naming a TP degree ('no TP' states TP 1)."""
   text = str(text or '')
   parts = [p for p in re.split(r';', text) if p.strip()]
   chosen = None
@@ -141,8 +183,8 @@ def parse_layout(text, gpus):
         chosen = part
         break
   if chosen is None:
-    chosen = next((p for p in parts if re.search(r'\bTP\s*\d|\d+x TP', p)),
-                  '')
+    chosen = next((p for p in parts if re.search(
+      r'\bTP\s*\d|\d+x TP|\bno\s+TP\b', p, re.IGNORECASE)), '')
 
   def first(patterns):
     for pat in patterns:
@@ -151,10 +193,24 @@ def parse_layout(text, gpus):
         return int(next(g for g in m.groups() if g))
     return None
   tp = first([r'\bTP\s*=?\s*(\d+)', r'(\d+)x\s*TP', r'(\d+)-way\s+TP'])
+  if tp is None and re.search(r'\bno\s+TP\b', chosen, re.IGNORECASE):
+    tp = 1
   pp = first([r'\bPP\s*=?\s*(\d+)', r'(\d+)-way\s+(?:zero-bubble\s+)?PP'])
   dp = first([r'\bDP\s*=?\s*(\d+)'])
   cp = first([r'\bCP\s*=?\s*(\d+)'])
   return tp, pp, dp, cp
+
+
+def expert_par_from_text(text):
+  """The expert-parallel degree a parallelism text states ('8-way EP',
+  'EP8', 'EP = 8', '8x EP'), or None."""
+  text = str(text or '')
+  for pat in (r'(\d+)-way\s+(?:expert\s+parallel(?:ism)?|EP)\b',
+              r'\bEP\s*=?\s*(\d+)', r'(\d+)x\s*EP\b'):
+    m = re.search(pat, text, re.IGNORECASE)
+    if m:
+      return int(m.group(1))
+  return None
 
 
 def _batch_from_text(text, seq):
@@ -191,13 +247,23 @@ def _gpus_from_text(text):
   return None
 
 
+#: Model FLOP over hardware FLOP with full activation recompute: the
+#: forward pass runs twice, 8 FLOP per parameter per token instead of 6
+#: (Korthikanti et al. 2022, arXiv 2205.05198, section 6: hardware FLOPs
+#: utilization counts the recomputed forward, model FLOPs utilization does
+#: not; Megatron-DeepSpeed's TFLOP/s log uses the 4 x 2 coefficient).
+HFU_TO_MFU_FULL_RECOMPUTE = 6.0 / 8.0
+
+
 def published_rate(row, gpus, flops_per_token, peak_flops):
   """The step rate a row's ``mfu_or_tflops`` text states for ``gpus``
   GPUs, as tokens per second per GPU: a tokens/s/GPU figure as it is, an
   MFU percentage x the peak / the model FLOP per token, a TFLOP/s figure /
   the model FLOP per token (whole-attention convention: the source's may
-  differ).  The ','- or ';'-separated part naming the GPU count wins, else
-  the first figure.  Returns (value, what) or (None, '')."""
+  differ; a part that calls its TFLOP/s hardware FLOP with activation
+  recompute is scaled by :data:`HFU_TO_MFU_FULL_RECOMPUTE`).  The ','- or
+  ';'-separated part naming the GPU count wins, else the first figure.
+  Returns (value, what) or (None, '')."""
   text = str(row.get('mfu_or_tflops') or '')
   if not text.strip():
     return None, ''
@@ -219,6 +285,10 @@ def published_rate(row, gpus, flops_per_token, peak_flops):
         f'MFU {m.group(1)}%'
     m = re.search(r'(\d+(?:\.\d+)?)\s*TFLOP', part, re.IGNORECASE)
     if m:
+      if re.search(r'hardware', part, re.IGNORECASE) and \
+         re.search(r'recompute|recomputation', part, re.IGNORECASE):
+        return float(m.group(1)) * 1e12 * HFU_TO_MFU_FULL_RECOMPUTE / \
+          flops_per_token, f'{m.group(1)} hardware TFLOP/s/GPU x 3/4'
       return float(m.group(1)) * 1e12 / flops_per_token, \
         f'{m.group(1)} TFLOP/s/GPU'
   return None, ''
@@ -246,8 +316,10 @@ def _dtype(row):
 class WholeRun:
   """One row priced.
 
-  status: 'ok', 'not priced' or 'infeasible'; assumptions: (what, value,
-  why) not stated by the row; layout: 'stated' or 'searched'; run: the
+  status: 'ok' (priced, with a published figure to compare with),
+  'predicted' (priced, nothing published to compare with), 'not priced' or
+  'infeasible'; row: the row with what :func:`_filled` supplied;
+  assumptions: (what, value, why) not stated by the row; layout: 'stated' or 'searched'; run: the
   whole run's terms (:func:`calculon.plan.run.row`); execution: JSON.
   """
   row: dict
@@ -296,6 +368,7 @@ class Suite:
     cluster of each priceable row."""
     out = []
     for row in self.frame.to_dict('records'):
+      row = _filled(row)[0]
       case = self.mapper.build(_pseudo_row(row, _count(row.get('num_gpus'))
                                            or 1, 1, (None,) * 4))
       out.append(case)
@@ -332,10 +405,14 @@ class Suite:
 
 
 def _pseudo_row(row, gpus, batch, layout):
-  """The row in the published suite's columns, for the Mapper."""
+  """The row in the published suite's columns, for the Mapper (an
+  expert-parallel degree its parallelism text states written in the notes
+  as ``ep=N``, the published suite's notes fact)."""
   tp, pp, dp, cp = layout
+  ep = expert_par_from_text(row.get('parallelism'))
   notes = ' '.join(x for x in (row.get('parallelism', ''),
-                               row.get('notes', '')) if x)
+                               row.get('notes', ''),
+                               f'ep={ep}' if ep else '') if x)
   return {
     'id': row['id'], 'source': row.get('source', ''),
     'model_name': row.get('model', ''),
@@ -353,9 +430,34 @@ def _pseudo_row(row, gpus, batch, layout):
     'notes': notes}
 
 
+def _filled(row):
+  """The row with the tokens and the GPU type it leaves blank taken from
+  its run facts (:data:`RUN_FACTS`), else the GPU type
+  :data:`DEFAULT_GPU_TYPE`: (row copy, assumptions as (what, value, why))."""
+  row = dict(row)
+  facts = _facts(str(row.get('model', '')))
+  said = []
+  if _number(row.get('tokens_trained')) is None and facts.get('tokens'):
+    row['tokens_trained'] = repr(float(facts['tokens']))
+    said.append(('tokens', f"{facts['tokens']:.4g}", facts['why_tokens']))
+  if not str(row.get('gpu_type') or '').strip():
+    if facts.get('gpu_type'):
+      row['gpu_type'] = facts['gpu_type']
+      said.append(('gpu_type', facts['gpu_type'], facts['why_gpu_type']))
+    else:
+      row['gpu_type'] = DEFAULT_GPU_TYPE
+      said.append(('gpu_type', DEFAULT_GPU_TYPE, 'not stated: the GPU most '
+                   'runs of the bundled whole-runs file state (calculon.'
+                   'validation.whole_runs.DEFAULT_GPU_TYPE)'))
+  return row, said
+
+
 def price_row(suite, row, workers=1):
-  """Prices one row: a :class:`WholeRun`."""
-  out = WholeRun(row=row, status='not priced')
+  """Prices one row: a :class:`WholeRun` (status 'ok' when the row has a
+  published GPU-hours, days or energy figure to compare with, 'predicted'
+  when it has none, 'not priced' or 'infeasible' with the reason)."""
+  row, said = _filled(row)
+  out = WholeRun(row=row, status='not priced', assumptions=said)
   model = str(row.get('model', ''))
   facts = _facts(model)
   seq = _count(row.get('seq_len'))
@@ -363,9 +465,7 @@ def price_row(suite, row, workers=1):
   if tokens is None:
     out.reason = 'tokens_trained not stated'
     return out
-  if not any(_number(row.get(m)) for m in METRICS):
-    out.reason = 'no published GPU-hours, days or energy to compare with'
-    return out
+  predicted_only = not any(_number(row.get(m)) for m in METRICS)
   gpus = _count(row.get('num_gpus'))
   if gpus is None and facts.get('gpus'):
     gpus = facts['gpus']
@@ -378,8 +478,12 @@ def price_row(suite, row, workers=1):
                                 'states (the column is empty)'))
         break
   if gpus is None:
-    out.reason = 'GPU count not stated'
-    return out
+    gpus = DEFAULT_GPUS
+    out.assumptions.append(('gpus', gpus, 'not stated: the scale of LLaMA '
+                            '65B (arXiv 2302.13971 section 2.4) and '
+                            'DeepSeek-V3 (arXiv 2412.19437 section 3.1), '
+                            '2,048 GPUs (calculon.validation.whole_runs.'
+                            'DEFAULT_GPUS)'))
   batch = _count(row.get('global_batch_size'))
   if batch is None and seq:
     batch = _batch_from_text(' '.join((row.get('parallelism', ''),
@@ -428,7 +532,9 @@ def price_row(suite, row, workers=1):
   except ConfigError as err:
     out.status, out.reason = 'not priced', str(err)
     return out
-  if out.status == 'ok':
+  if out.status == 'ok' and predicted_only:
+    out.status = 'predicted'
+  if out.status in ('ok', 'predicted'):
     from calculon.plan.run import system_rates
     system = suite.system(case)
     peak = system_rates(system, out.execution['datatype'])[0]
@@ -601,10 +707,14 @@ def results_frame(results):
 
 
 def summary(frame):
-  """Counts and, per metric, the rows compared and the median, mean and
-  max |error| (percent) and the median signed error."""
+  """Counts ('priced': with a published figure to compare with;
+  'predicted': priced, nothing published) and, per metric, the rows
+  compared and the median, mean and max |error| (percent) and the median
+  signed error (the predicted rows have no error, so no median holds
+  them)."""
   out = {'rows': int(len(frame)),
          'priced': int((frame['status'] == 'ok').sum()),
+         'predicted': int((frame['status'] == 'predicted').sum()),
          'not_priced': int((frame['status'] == 'not priced').sum()),
          'infeasible': int((frame['status'] == 'infeasible').sum())}
   for metric, col in (('gpu_hours', 'err_gpu_hours_pct'),
@@ -638,17 +748,19 @@ def _fmt(value, spec):
 
 
 def format_report(frame, verbose=False):
-  """Readable text: the priced rows (predicted vs published), the summary
+  """Readable text: the priced rows (predicted vs published; the
+  predicted-only rows with no published figure beside them), the summary
   and the rows not priced with the reason."""
   import pandas as pd
   from calculon.validation.system_files import priced_on_line
   lines = ['error = 100 x (predicted / published - 1); energy: the GPUs\' '
            'predicted energy x PUE against the published figure (GPU power '
            'x hours x PUE in most sources)']
-  ok = frame[frame['status'] == 'ok']
+  ok = frame[frame['status'].isin(('ok', 'predicted'))]
   if len(ok):
     show = pd.DataFrame({
-      'id': ok['id'], 'GPUs': ok['gpus'].map(lambda v: _fmt(v, '.0f')),
+      'id': ok['id'] + ok['status'].map(
+        lambda v: ' (predicted)' if v == 'predicted' else ''), 'GPUs': ok['gpus'].map(lambda v: _fmt(v, '.0f')),
       'system file': ok['system_file'],
       'TP/PP/DP': ok['layout'],
       'step s': ok['step_s'].map(lambda v: _fmt(v, '.2f')),
@@ -693,8 +805,10 @@ def format_report(frame, verbose=False):
       from calculon.validation.published import assumption_lines
       lines += assumption_lines(ok)
   s = summary(frame)
-  lines += ['', f"Summary: {s['priced']} of {s['rows']} rows priced, "
-            f"{s['infeasible']} infeasible, {s['not_priced']} not priced"]
+  lines += ['', f"Summary: {s['rows']} rows: {s['priced']} priced against "
+            f"a published figure, {s['predicted']} predicted (nothing "
+            f"published to compare with), {s['infeasible']} infeasible, "
+            f"{s['not_priced']} not priced"]
   for metric, label in (('gpu_hours', 'GPU-hours'), ('wall_days', 'days'),
                         ('energy', 'energy'),
                         ('gpu_hours_at_published_rate',
@@ -708,7 +822,7 @@ def format_report(frame, verbose=False):
                    f"{m['mean_abs_error_pct']:.1f}%, max "
                    f"{m['max_abs_error_pct']:.1f}%; median error "
                    f"{m['median_error_pct']:+.1f}%")
-  no = frame[frame['status'] != 'ok']
+  no = frame[~frame['status'].isin(('ok', 'predicted'))]
   if len(no):
     lines += ['', 'Not priced (reason):']
     for _, r in no.iterrows():
