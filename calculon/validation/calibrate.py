@@ -31,7 +31,11 @@ recommendations of scipy's robust nonlinear least squares, Branch et al.
 inform near their prior (the file, or a pooled fit); network tiers, whose
 file values are measured bus bandwidths, have a narrower prior
 (:data:`MEASURED_SIGMA`).  Each run's prediction
-is its fastest feasible execution, as in the published suite.  To keep a
+is its fastest feasible execution, as in the published suite (with the
+conventions' ``unstated.mode: default``, the fastest of those at the
+framework defaults of the unstated settings, where one is feasible:
+:func:`calculon.validation.mapping.choose`, the published suite's rule).
+To keep a
 fit fast the engine is linearized (:class:`Surrogate`): for every run its
 fastest candidate executions are priced once at the prior and along a grid
 of each parameter (one vectorized engine call per run, with an
@@ -442,7 +446,8 @@ def _grid_times(case, cfg, theta):
   estimate is what is off, as in the published suite)."""
   from calculon.llm import evaluate_columns
   from calculon.llm.model import MEM1_TOO_SMALL
-  from calculon.validation.mapping import candidate_allowed, candidate_columns
+  from calculon.validation.mapping import (candidate_allowed,
+                                          candidate_columns, choose)
   from calculon.validation.published import layer_time_s
   exe = candidate_columns(case)
   system = ScaledSystem(cfg, {k: v for k, v in theta.items()
@@ -458,6 +463,9 @@ def _grid_times(case, cfg, theta):
   ok = np.broadcast_to(ev.feasible, shape) & np.isfinite(t)
   if not ok.any():
     ok = (np.broadcast_to(ev.reason, shape) == MEM1_TOO_SMALL) & np.isfinite(t)
+  # The candidates the published suite chooses among (all, or those at the
+  # framework defaults of the unstated settings): one convention.
+  ok = choose(case, ok)[0]
   nmb = np.broadcast_to(ev.num_microbatches, shape).astype(float)
   return t, ok, nmb, ev
 

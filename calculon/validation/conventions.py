@@ -56,6 +56,12 @@ def setting_names():
   return tuple(registry.FIELDS['execution']) + tuple(MAPPING_SETTINGS)
 
 
+#: How a row's unstated (searched) settings are priced (the ``unstated``
+#: section's ``mode``): the fastest feasible candidate, or the framework's
+#: default of each (the fastest feasible where that is infeasible).
+UNSTATED_MODES = ('fastest', 'default')
+
+
 #: CSV columns a pattern may look at (the parallel degrees as written, e.g.
 #: ``pp: '^([2-9]|[1-9]\\d+)$'`` for pipeline parallelism).
 MATCH_COLUMNS = ('source', 'model_name', 'gpu_type', 'dtype', 'recompute',
@@ -101,6 +107,10 @@ class Conventions:
       unless_model): the text applies to a matching row unless its priced
       application sets one of the ``unless_model`` fields (the model
       prices that feature for it).
+    unstated_mode: which candidate of the unstated settings a row is
+      priced at, one of :data:`UNSTATED_MODES`; unstated_defaults: the
+      ``unstated.defaults`` entries (dicts: setting, value, frameworks --
+      a tuple of preset names or None for any -- and why), in file order.
   """
   path: str
   defaults: dict
@@ -113,6 +123,8 @@ class Conventions:
   sp_no: object
   rules: list = field(default_factory=list)
   approximations: list = field(default_factory=list)
+  unstated_mode: str = 'fastest'
+  unstated_defaults: list = field(default_factory=list)
 
   def first(self, table, text):
     """The first entry of ``table`` whose pattern matches ``text``."""
@@ -317,8 +329,10 @@ def load(path):
       if key not in APP_OPTIONAL:
         _fail(path, f'models[{i}].traits', key, 'an optional application '
               'field, one of ' + ', '.join(APP_OPTIONAL))
+  mode, unstated = _unstated(path, doc)
   sp = doc.get('seq_parallel', {}) or {}
   return Conventions(
+    unstated_mode=mode, unstated_defaults=unstated,
     path=path, defaults=defaults, hardware=hardware, datatypes=datatypes,
     recompute=recompute, models=models, recompute_modules=modules,
     sp_yes=_regex(path, 'seq_parallel.enabled', sp.get('enabled', r'^\s*y')),
@@ -326,3 +340,42 @@ def load(path):
                                                       r'^\s*n')),
     rules=_rules(path, doc, 'rules'),
     approximations=_rules(path, doc, 'approximations', text_key='text'))
+
+
+def _unstated(path, doc):
+  """(mode, defaults) of the ``unstated`` section (see
+  :class:`Conventions`); absent: ('fastest', [])."""
+  from calculon import frameworks
+  from calculon.validation.mapping import AXES
+  section = doc.get('unstated', {}) or {}
+  if not isinstance(section, dict):
+    _fail(path, 'unstated', section, "a mapping with 'mode' and 'defaults'")
+  _check_keys(path, 'unstated', section, ('mode', 'defaults'))
+  mode = section.get('mode', 'fastest')
+  if mode not in UNSTATED_MODES:
+    _fail(path, 'unstated.mode', mode, 'one of ' + ', '.join(UNSTATED_MODES))
+  entries = section.get('defaults', []) or []
+  if not isinstance(entries, list):
+    _fail(path, 'unstated.defaults', entries, 'a list of entries')
+  out = []
+  for i, entry in enumerate(entries):
+    where = f'unstated.defaults[{i}]'
+    if not isinstance(entry, dict):
+      _fail(path, where, entry, 'a mapping with setting, value and why')
+    _check_keys(path, where, entry, ('setting', 'value', 'frameworks', 'why'))
+    key = entry.get('setting')
+    if key not in AXES:
+      _fail(path, f'{where}.setting', key, 'one of ' + ', '.join(AXES))
+    if 'value' not in entry or isinstance(entry['value'], list):
+      _fail(path, f'{where}.value', entry.get('value'), 'one value')
+    _check_setting(path, where, key, entry['value'])
+    names = entry.get('frameworks')
+    if names is not None:
+      if not isinstance(names, list) or any(n not in frameworks.names()
+                                             for n in names):
+        _fail(path, f'{where}.frameworks', names, 'a list of presets among '
+              + ', '.join(frameworks.names()))
+      names = tuple(names)
+    out.append({'setting': key, 'value': entry['value'], 'frameworks': names,
+                'why': _text(entry.get('why'))})
+  return mode, out

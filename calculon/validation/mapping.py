@@ -308,6 +308,9 @@ class Case:
     priced_blocks: blocks the engine prices when they differ from the
       model's (an uneven pipeline layout priced by its largest virtual
       stage; see :attr:`priced_app`), else None.
+    defaults: searched setting -> the framework default the row is priced
+      at (conventions ``unstated.mode: default``; empty in mode
+      ``fastest``): see :func:`choose`.
   """
   row: dict
   id: str = ''
@@ -326,6 +329,7 @@ class Case:
   flops_approximate: bool = False
   measured_s: float = None
   priced_blocks: int = None
+  defaults: dict = field(default_factory=dict)
 
   @property
   def priced_app(self):
@@ -450,12 +454,22 @@ class Mapper:
   Args:
     base_dir: folder with models/ and systems/.
     conventions: a :class:`~calculon.validation.conventions.Conventions`.
+    framework: a preset every row is priced under (default: its rules').
+    unstated: 'fastest' or 'default' (:data:`~calculon.validation.
+      conventions.UNSTATED_MODES`): how the unstated settings are priced
+      (default: the conventions' ``unstated.mode``).
   """
 
-  def __init__(self, base_dir, conventions, framework=None):
+  def __init__(self, base_dir, conventions, framework=None, unstated=None):
+    from calculon.validation.conventions import UNSTATED_MODES
     self.base_dir = base_dir
     self.conv = conventions
     self.framework = framework
+    self.unstated = unstated or conventions.unstated_mode
+    if self.unstated not in UNSTATED_MODES:
+      raise ConfigError(f"field 'unstated' = {self.unstated!r} is not "
+                        f"allowed: one of {', '.join(UNSTATED_MODES)}",
+                        field='unstated', value=self.unstated)
     self._models = {}
     self._systems = {}
 
@@ -1032,9 +1046,50 @@ class Mapper:
       axes['moe_comm_overlap'] = from_rule('moe_comm_overlap',
                                            allowed, allowed)
     for key in axes:
-      # A rule's list was named with its reason (from_rule).
-      if len(axes[key]) > 1 and key not in ruled:
+      if len(axes[key]) <= 1:
+        continue
+      default = self._unstated_default(case, key, axes[key]) \
+        if self.unstated == 'default' else None
+      if default is not None:
+        case.defaults[key] = default[0]
+        case.assume(key, default[0], f'unstated: {default[1]} (the '
+                    'fastest feasible of ' + _show(list(axes[key])) +
+                    ' where it is infeasible)')
+      elif key not in ruled:
+        # A rule's list was named with its reason (from_rule).
         case.assume(key, list(axes[key]), 'unknown: searched')
+
+  def _unstated_default(self, case, key, values):
+    """(value, why) a row's unstated setting ``key`` is priced at when the
+    conventions price unstated settings at the framework's default: the
+    preset's own value where its rule gives one among ``values`` (its
+    conditions reading only what the row fixes), else the first
+    ``unstated.defaults`` entry for ``key`` naming the row's preset (or
+    any) whose value ``values`` holds; None where neither does."""
+    from calculon.frameworks.resolve import rule_value
+    preset = preset_of(case)
+    if key in preset.rules:
+      known = {k: v for k, v in case.fixed.items()
+               if k in FIELDS and k != 'framework' and
+               not isinstance(v, (list, dict))}
+      known.update({k: v[0] for k, v in case.axes.items() if len(v) == 1})
+      try:
+        value = rule_value(preset, AppFacts(case.priced_app), key, **known)
+      except (AttributeError, KeyError, ValueError, TypeError):
+        value = None
+      if value is not None and value in values:
+        return value, (f'the {preset.name} preset\'s default '
+                       f'(frameworks/{preset.name}.json)')
+    for entry in self.conv.unstated_defaults:
+      if entry['setting'] != key or entry['value'] not in values:
+        continue
+      if entry['frameworks'] is not None and \
+          preset.name not in entry['frameworks']:
+        continue
+      return entry['value'], (f'the {preset.name} default: ' + entry['why']
+                              if entry['why'] else f'the {preset.name} '
+                              'default (conventions unstated.defaults)')
+    return None
 
 
 #: Fields the datatypes table sets from the dtype column (a row's fact: a
@@ -1237,6 +1292,36 @@ def candidate_columns(case):
   written = (set(case.fixed) | set(AXES)) - {'framework'}
   return resolve_columns(preset_of(case), AppFacts(case.priced_app), exe,
                          written)
+
+
+def default_mask(case, shape):
+  """Bool array of grid ``shape`` (:func:`candidate_columns`): the
+  candidates at every default of ``case.defaults`` (all, without any)."""
+  mask = np.ones(shape, dtype=bool)
+  for i, key in enumerate(AXES):
+    if key not in case.defaults:
+      continue
+    hit = np.array([v == case.defaults[key] for v in case.axes[key]])
+    dims = [1] * len(AXES)
+    dims[i] = hit.size
+    mask = mask & hit.reshape(dims)
+  return mask
+
+
+def choose(case, ok):
+  """(mask, fell_back): the candidates of the grid ``ok`` (bool, the ones
+  that may be priced) the prediction is the fastest of -- those at the
+  row's framework defaults (:attr:`Case.defaults`) where any of them is in
+  ``ok``, else every one of ``ok`` (fell_back True: the defaults are
+  infeasible, the search decides).  Without defaults (conventions
+  ``unstated.mode: fastest``): ``ok`` itself.  The published suite and
+  calibration both choose through this (one convention)."""
+  if not case.defaults:
+    return ok, False
+  at_default = ok & default_mask(case, ok.shape)
+  if at_default.any():
+    return at_default, False
+  return ok, True
 
 
 def candidate_allowed(case, exe):

@@ -13,8 +13,11 @@ For every row this module
 2. converts the measured figure to the time of one batch
    (:data:`~calculon.validation.mapping.CONVERSIONS`);
 3. prices every candidate execution in one vectorized engine call and
-   reports the fastest feasible one (published runs are tuned) and the
-   slowest (the range the unknowns span);
+   reports the fastest feasible one (published runs are tuned; or, with
+   the conventions' ``unstated.mode: default``, the one at the framework
+   defaults of the unstated settings where it is feasible:
+   :func:`~calculon.validation.mapping.choose`) and the slowest (the range
+   the unknowns span);
 4. reports ``delta = 100 * (1 - predicted / measured)`` percent (positive:
    the model predicts a shorter time than was measured).
 
@@ -35,7 +38,8 @@ from calculon.io import read_runs_csv
 from calculon.validation import conventions as conventions_mod
 from calculon.validation.mapping import (
   AXES, CONVERSIONS, FACT_COLUMNS, FLOPS_CONVENTION_TEXT, OVERRIDE_COLUMNS,
-  REQUIRED_COLUMNS, Mapper, candidate_columns, execution_at, group_slug,
+  REQUIRED_COLUMNS, Mapper, candidate_columns, choose, execution_at,
+  group_slug,
   measured_time_s, number, predicted_metric, source_group, text)
 
 __all__ = ['CONVERSIONS', 'FACT_COLUMNS', 'default_runs', 'read_runs', 'run',
@@ -184,7 +188,11 @@ def price(case, system, measured_s=None):
       return Result(case, 'infeasible', reason=ev.reason_message(i),
                     tried=t.size)
     ok, over = memory_only, True
-  masked = np.where(ok, t, np.inf)
+  # The prediction: the fastest of the candidates the conventions choose
+  # (all feasible ones, or those at the framework defaults); the slowest
+  # of every feasible one (the range the unknowns span).
+  chosen, fell_back = choose(case, ok)
+  masked = np.where(chosen, t, np.inf)
   best = np.unravel_index(int(np.argmin(masked)), t.shape)
   worst = np.unravel_index(int(np.argmax(np.where(ok, t, -np.inf))), t.shape)
   fast, slow = float(t[best]), float(t[worst])
@@ -193,6 +201,10 @@ def price(case, system, measured_s=None):
                over_memory=over)
   if over:
     res.reason = 'no candidate fits the memory: ' + ev.reason_message(best)
+  if fell_back:
+    res.reason = '; '.join(filter(None, [res.reason, (
+      'the framework defaults of the unstated settings are infeasible: the '
+      'fastest feasible candidate priced')]))
   res.delta_pct = 100.0 * (1.0 - fast / measured_s)
   res.delta_slowest_pct = 100.0 * (1.0 - slow / measured_s)
   mem = np.broadcast_to(np.asarray(ev.mem1_bytes, dtype=float), t.shape)
@@ -213,17 +225,21 @@ class Suite:
       ``base_dir/validation/conventions.yaml``).
     framework: a preset every row is priced under (default: the one its
       source's rule names, see the conventions).
+    unstated: 'fastest' or 'default': which candidate of a row's unstated
+      settings is its prediction (default: the conventions' ``unstated.
+      mode``; see ``validation/conventions.yaml``).
 
   Attributes: frame (the rows), cases (:class:`~calculon.validation.
   mapping.Case` per row, their ``measured_s`` set), mapper.
   """
 
-  def __init__(self, base_dir, paths=None, conventions=None, framework=None):
+  def __init__(self, base_dir, paths=None, conventions=None, framework=None,
+               unstated=None):
     self.base_dir = base_dir
     self.paths = list(paths) if paths else default_runs(base_dir)
     conv = conventions_mod.load(conventions or
                                 conventions_mod.default_path(base_dir))
-    self.mapper = Mapper(base_dir, conv, framework)
+    self.mapper = Mapper(base_dir, conv, framework, unstated)
     self.frame = read_runs(self.paths)
     self._systems = {}
     self.cases = []
@@ -278,7 +294,7 @@ def _dtype_code(case):
 
 
 def run(base_dir, csv_paths=None, progress=None, conventions=None,
-        systems=None):
+        systems=None, unstated=None):
   """Runs the published suite.
 
   Args:
@@ -290,6 +306,7 @@ def run(base_dir, csv_paths=None, progress=None, conventions=None,
       the hardware table names one) -> JSON object replacing the bundled
       file for the rows of that cluster (calibrated systems; the rows'
       field changes are applied on top).
+    unstated: 'fastest' or 'default' (see :class:`Suite`).
 
   Returns:
     list of :class:`Result`, one per row, in file order.
@@ -298,7 +315,7 @@ def run(base_dir, csv_paths=None, progress=None, conventions=None,
     ConfigError: a file or a row is malformed.
   """
   progress = progress or (lambda text_: None)
-  suite = Suite(base_dir, csv_paths, conventions)
+  suite = Suite(base_dir, csv_paths, conventions, unstated=unstated)
   return run_suite(suite, progress, systems)
 
 
