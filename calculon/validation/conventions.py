@@ -22,6 +22,16 @@ from calculon.config.execution import (
 from calculon.config.application import OPTIONAL as APP_OPTIONAL
 from calculon.errors import ConfigError
 
+#: The execution settings a row's mapping searches when the row leaves
+#: them unstated (the candidate axes of
+#: :mod:`calculon.validation.mapping`), the names ``unstated.defaults``
+#: entries may set.
+SEARCHED_SETTINGS = (
+  'microbatch_size', 'pipeline_interleaving', 'activation_recompute',
+  'tensor_par_comm_type', 'tensor_par_overlap', 'data_par_overlap',
+  'data_par_sharding', 'attention_kernel', 'fused_activation',
+  'moe_comm_overlap')
+
 #: FLOP conventions of a measured TFLOP/s or MFU figure (see
 #: :func:`calculon.validation.mapping.convention_flops`).
 FLOPS_CONVENTIONS = ('model_full', 'model_causal', 'megatron_eq3')
@@ -346,7 +356,7 @@ def _unstated(path, doc):
   """(mode, defaults) of the ``unstated`` section (see
   :class:`Conventions`); absent: ('fastest', [])."""
   from calculon import frameworks
-  from calculon.validation.mapping import AXES
+  AXES = SEARCHED_SETTINGS
   section = doc.get('unstated', {}) or {}
   if not isinstance(section, dict):
     _fail(path, 'unstated', section, "a mapping with 'mode' and 'defaults'")

@@ -36,6 +36,7 @@ from calculon.config.execution import (
   recompute_modules_label, SHARDING_NAMES, TP_COMM_NAMES, TP_OVERLAP_NAMES)
 from calculon.config.application import router_groups_fit
 from calculon.config.system import OPTIONAL_EFFICIENCIES
+from calculon.validation.conventions import SEARCHED_SETTINGS
 from calculon.errors import ConfigError
 from calculon.io import read_json_file
 from calculon.validation.system_files import datasheet_path, relative
@@ -183,10 +184,7 @@ ASSUMPTION_ALIASES = {
   'optimizer_sharding': 'data_par_sharding',
 }
 #: Settings searched when nothing fixes them, in the order of the grid axes.
-AXES = ('microbatch_size', 'pipeline_interleaving', 'activation_recompute',
-        'tensor_par_comm_type', 'tensor_par_overlap', 'data_par_overlap',
-        'data_par_sharding', 'attention_kernel', 'fused_activation',
-        'moe_comm_overlap')
+AXES = SEARCHED_SETTINGS
 #: Categorical execution fields and their names (the execution schema's).
 CATEGORIES = {name: entry[1] for name, entry in
               {**FIELD_SPECS, **OPTIONAL_SPECS}.items()
