@@ -117,40 +117,10 @@ def _torch_rank(rank, procs, tmp, device, sizes, ops, min_time_s, threads,
     tmp, 'rendezvous'), rank=rank, world_size=procs,
     timeout=datetime.timedelta(seconds=timeout_s))
   sync = torch.cuda.synchronize if device == 'cuda' else (lambda: None)
-  all_gather = getattr(dist, 'all_gather_single', None) or \
-    dist.all_gather_into_tensor
-  reduce_scatter = getattr(dist, 'reduce_scatter_single', None) or \
-    dist.reduce_scatter_tensor
   rows = []
   for op in ops:
     for size in sizes:
-      count = size // 4
-      part = count // procs
-      if op == 'all_reduce':
-        x = torch.ones(count, device=dev)
-        fn = lambda: dist.all_reduce(x)  # noqa: E731
-      elif op == 'all_gather':
-        x = torch.ones(part, device=dev)
-        out = torch.empty(count, device=dev)
-        fn = lambda: all_gather(out, x)  # noqa: E731
-      elif op == 'reduce_scatter':
-        x = torch.ones(count, device=dev)
-        out = torch.empty(part, device=dev)
-        fn = lambda: reduce_scatter(out, x)  # noqa: E731
-      elif op == 'all_to_all':
-        x = torch.ones(count, device=dev)
-        out = torch.empty(count, device=dev)
-        fn = lambda: dist.all_to_all_single(out, x)  # noqa: E731
-      else:
-        x = torch.ones(count, device=dev)
-        out = torch.empty(count, device=dev)
-        nxt, prv = (rank + 1) % procs, (rank - 1) % procs
-
-        def fn():
-          for req in dist.batch_isend_irecv([
-              dist.P2POp(dist.isend, x, nxt), dist.P2POp(dist.irecv, out,
-                                                         prv)]):
-            req.wait()
+      fn = collective_call(dist, torch, op, size, procs, rank, dev)
       t = _torch_time(dist, torch, dev, fn, sync, min_time_s)
       rows.append({'op': op, 'bytes': size, 'seconds': t,
                    'emulated': op == 'reduce_scatter' and backend == 'gloo'})
@@ -159,6 +129,43 @@ def _torch_rank(rank, procs, tmp, device, sizes, ops, min_time_s, threads,
       json.dump(rows, fd)
   dist.barrier()
   dist.destroy_process_group()
+
+
+def collective_call(dist, torch, op, nbytes, ranks, rank, dev,
+                    dtype=None):
+  """A callable that runs one ``op`` of ``nbytes`` per rank among
+  ``ranks`` (torch.distributed, initialized): 'all_reduce', 'all_gather'
+  (each rank's share nbytes / ranks), 'reduce_scatter', 'all_to_all' (or
+  'alltoall'), else a ring send/receive to the next rank ('p2p').  Its
+  buffers, ``dtype`` elements (float32 when None), are made here, once."""
+  dtype = dtype or torch.float32
+  count = nbytes // torch.tensor([], dtype=dtype).element_size()
+  part = count // ranks
+  full = lambda n: torch.ones(n, device=dev, dtype=dtype)  # noqa: E731
+  empty = lambda n: torch.empty(n, device=dev, dtype=dtype)  # noqa: E731
+  if op == 'all_reduce':
+    x = full(count)
+    return lambda: dist.all_reduce(x)
+  if op == 'all_gather':
+    gather = getattr(dist, 'all_gather_single', None) or \
+      dist.all_gather_into_tensor
+    x, out = full(part), empty(count)
+    return lambda: gather(out, x)
+  if op == 'reduce_scatter':
+    scatter = getattr(dist, 'reduce_scatter_single', None) or \
+      dist.reduce_scatter_tensor
+    x, out = full(count), empty(part)
+    return lambda: scatter(out, x)
+  x, out = full(count), empty(count)
+  if op in ('all_to_all', 'alltoall'):
+    return lambda: dist.all_to_all_single(out, x)
+  nxt, prv = (rank + 1) % ranks, (rank - 1) % ranks
+
+  def ring():
+    for req in dist.batch_isend_irecv([
+        dist.P2POp(dist.isend, x, nxt), dist.P2POp(dist.irecv, out, prv)]):
+      req.wait()
+  return ring
 
 
 def _torch_time(dist, torch, dev, fn, sync, min_time_s):

@@ -47,6 +47,7 @@ import time
 import numpy as np
 
 from calculon.kernels.import_kernels import GEMM_M, _fill_along, _round
+from calculon.profile.bench_network import collective_call
 
 #: n and k of AIConfigurator's GEMM tables (aiconfigurator-core 0.12.0,
 #: systems/data/h100_sxm/gemm/trtllm/1.3.0rc20, as imported into
@@ -305,31 +306,11 @@ def _nccl_rank(rank, gpus, tmp, sizes, ops, warmup, repeats, backend):
     tmp, 'rendezvous'), rank=rank, world_size=gpus,
     timeout=dt.timedelta(seconds=600))
   timer = Timer(torch, 'cuda' if cuda else 'cpu', warmup, repeats)
-  half = torch.float16
-  all_gather = getattr(dist, 'all_gather_single', None) or \
-    dist.all_gather_into_tensor
-  reduce_scatter = getattr(dist, 'reduce_scatter_single', None) or \
-    dist.reduce_scatter_tensor
   rows = []
   for op in ops:
     for size in sizes:
-      count = size // 2
-      part = count // gpus
-      if op == 'all_reduce':
-        x = torch.ones(count, device=dev, dtype=half)
-        fn = lambda: dist.all_reduce(x)  # noqa: E731
-      elif op == 'all_gather':
-        x = torch.ones(part, device=dev, dtype=half)
-        out = torch.empty(count, device=dev, dtype=half)
-        fn = lambda: all_gather(out, x)  # noqa: E731
-      elif op == 'reduce_scatter':
-        x = torch.ones(count, device=dev, dtype=half)
-        out = torch.empty(part, device=dev, dtype=half)
-        fn = lambda: reduce_scatter(out, x)  # noqa: E731
-      else:
-        x = torch.ones(count, device=dev, dtype=half)
-        out = torch.empty(count, device=dev, dtype=half)
-        fn = lambda: dist.all_to_all_single(out, x)  # noqa: E731
+      fn = collective_call(dist, torch, op, size, gpus, rank, dev,
+                           torch.float16)
       dist.barrier()
       t = torch.tensor([timer.median_ms(fn)], device=dev)
       dist.all_reduce(t, op=dist.ReduceOp.MAX)

@@ -101,7 +101,6 @@ def trtllm_bench_limits(params, num_layers, kv_heads, head_size,
   (batch: at least 64, multiples of 32 below 256, 128 below 1024, else
   256; tokens: at least 2048, multiples of 256 below 4096, 512 below
   8192, else 1024).  Scalars (Python numbers)."""
-  import math
   per_token_gib = 2 * num_layers * max(tp, kv_heads) * head_size * \
     kv_bytes / 2 ** 30
   available = capacity_bytes / 2 ** 30 * tp * pp - params / 1e9 * \
@@ -109,16 +108,15 @@ def trtllm_bench_limits(params, num_layers, kv_heads, head_size,
   requests = max(available * fraction / per_token_gib / (isl + osl), 0.0)
   raw_bs = min(requests, TRTLLM_BENCH_MAX_BATCH) / pp
   raw_tokens = min(raw_bs * (1 + isl / osl), TRTLLM_BENCH_MAX_TOKENS)
-  if raw_bs < 256:
-    bs = max(64, 32 * math.ceil(raw_bs / 32))
-  elif raw_bs < 1024:
-    bs = 128 * math.ceil(raw_bs / 128)
-  else:
-    bs = 256 * math.ceil(raw_bs / 256)
-  if raw_tokens < 4096:
-    tokens = max(2048, 256 * math.ceil(raw_tokens / 256))
-  elif raw_tokens < 8192:
-    tokens = 512 * math.ceil(raw_tokens / 512)
-  else:
-    tokens = 1024 * math.ceil(raw_tokens / 1024)
+  bs = _round_up_in_steps(raw_bs, 64, ((256, 32), (1024, 128)), 256)
+  tokens = _round_up_in_steps(raw_tokens, 2048, ((4096, 256), (8192, 512)),
+                              1024)
   return int(bs), int(tokens)
+
+
+def _round_up_in_steps(x, least, bands, last_step):
+  """``x`` rounded up to the step of the first (below, step) band it is
+  below (``last_step`` above them all), at least ``least``."""
+  import math
+  step = next((st for below, st in bands if x < below), last_step)
+  return max(least, step * math.ceil(x / step))

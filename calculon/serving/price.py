@@ -280,9 +280,9 @@ def _aggregated(app, system, dep, w, run, t_dec_of, chunked, mixed,
                                             chunked, mixed,
                                             dep.prefill_chunk)
   per_pass = batching.group_size(run, isl, dep.max_num_tokens)
+  eff = preset_value(dep.preset, 'roofline_efficiency', 1.0)
   tau = _tau(app, system, w, isl, dep.activation_datatype,
-             np.minimum(per_pass, np.maximum(np.floor(q / isl), 1)),
-             preset_value(dep.preset, 'roofline_efficiency', 1.0))
+             np.minimum(per_pass, np.maximum(np.floor(q / isl), 1)), eff)
   burst = preset_value(dep.preset, 'arrival_burst', 0.0)
   group = np.clip(np.round(burst * run), 1, run)
   t_dec = t_dec_of(run)
@@ -290,13 +290,11 @@ def _aggregated(app, system, dep, w, run, t_dec_of, chunked, mixed,
   def t_ride_of(c):
     # Decode tokens fused into a prefill iteration: their GEMM FLOP at
     # the prefill's per-token rate plus their attention over the cache.
-    _, parts = decode_step_s(app, system, w, np.asarray(c), st_ctx,
+    _, parts = decode_step_s(app, system, w, np.asarray(c), isl + osl / 2.0,
                              dep.kv_bytes, dep.activation_datatype,
                              dep.speculative_tokens)
     return np.asarray(c) * tau + parts['kv'] / eff
 
-  st_ctx = isl + osl / 2.0
-  eff = preset_value(dep.preset, 'roofline_efficiency', 1.0)
   out = batching.closed_loop(run, isl, osl, t_dec, tau, q, mixed, group,
                              overhead, t_dec_of, t_ride_of)
   out['steady'] = {'run': run, 'isl': isl, 'osl': osl, 't_dec': t_dec,
