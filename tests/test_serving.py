@@ -501,3 +501,29 @@ def test_piggybacked_decodes_share_the_prefill_gemms():
   # Two prefill iterations, then 11 - 2 decode-only steps.
   assert out['latency_s'] == pytest.approx(2 * t_mix + 9 * 0.010)
   assert out['ttft_s'] == pytest.approx(t_mix)
+
+
+@pytest.mark.parametrize('framework', ['trtllm', 'vllm'])
+def test_fit_reprices_as_the_engine(framework):
+  """The fit re-prices a closed loop at trial parameters from the decode
+  tables it keeps; at the preset's own parameters it must give the
+  engine's TTFT and TPOT (mixed iterations at the mean running batch,
+  piggybacked decodes), else the fitted values belong to other physics."""
+  from calculon.validation import serving_fit as F
+  from calculon.validation.serving import run_suite
+  base = dict(source='silicon t', model='Llama-3.1-8B', gpu='H100 SXM',
+              num_gpus='1', tp='1', pp='1', ep='', precision='fp8',
+              framework=framework, isl='2048', osl='256',
+              concurrency_or_rate='concurrency=48',
+              notes='attention_dp=1, moe_tp=1, moe_ep=1; '
+              'silicon_concurrency=48')
+  rows = [dict(base, id=f't:{m}', metric=m, value='1.0')
+          for m in ('ttft_ms', 'tpot_ms')]
+  items = F.steady_inputs(rows, repo())
+  assert len(items) == 2 and 'dec_table' in items[0]
+  preset = json.load(open(os.path.join(repo(), 'frameworks', 'serving',
+                                       framework + '.json')))
+  params = [preset[k]['value'] for k in
+            ('step_overhead_s', 'arrival_burst', 'roofline_efficiency')]
+  engine = [r['predicted'] for r in run_suite(rows, repo())]
+  assert F.predict(items, *params) == pytest.approx(engine, rel=1e-9)

@@ -83,9 +83,11 @@ def _num(x):
 
 def figures_json(res):
   """The figures of :func:`calculon.serving.price.price` as JSON
-  (scalars)."""
+  (scalars; the steady state's step functions are left out)."""
   out = {}
   for k, v in res.items():
+    if callable(v):
+      continue
     if isinstance(v, dict):
       out[k] = figures_json(v)
     elif isinstance(v, (str, bool)):

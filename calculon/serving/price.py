@@ -298,7 +298,8 @@ def _aggregated(app, system, dep, w, run, t_dec_of, chunked, mixed,
   out = batching.closed_loop(run, isl, osl, t_dec, tau, q, mixed, group,
                              overhead, t_dec_of, t_ride_of)
   out['steady'] = {'run': run, 'isl': isl, 'osl': osl, 't_dec': t_dec,
-                   'tau': tau, 'q': q, 'mixed': mixed}
+                   'tau': tau, 'q': q, 'mixed': mixed,
+                   't_dec_of': t_dec_of, 't_ride_of': t_ride_of}
   return out
 
 

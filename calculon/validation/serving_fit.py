@@ -128,7 +128,10 @@ def steady_inputs(rows, base_dir):
     res, dep = cache[key]
     if res is None or not res['feasible'] or 'steady' not in res:
       continue
-    st = res['steady']
+    st = dict(res['steady'])
+    grid = np.arange(1, math.ceil(float(np.ravel(st['run'])[0])) + 1.0)
+    st['dec_table'] = np.ravel(np.asarray(st.pop('t_dec_of')(grid), float))
+    st['ride_table'] = np.ravel(np.asarray(st.pop('t_ride_of')(grid), float))
     per_rank = max(math.ceil(fields['concurrency'] /
                              fields.get('attention_dp', 1)), 1)
     out.append(dict(st, kind=metric_kind(row['metric']),
@@ -137,8 +140,35 @@ def steady_inputs(rows, base_dir):
   return out
 
 
+def _table_of(items, key, efficiency, slope=None):
+  """A vectorized step function from each item's ``key`` table (seconds
+  at the batches 1, 2, ..., ceil(run)), or None when an item has none.
+  As the engine's decode step, a fractional batch c is priced at ceil(c)
+  sequences, less (ceil(c) - c) x ``slope`` (the items' per-sequence
+  seconds that scale with c itself: the piggybacked decodes' FLOP at the
+  prefill's per-token time)."""
+  if not all(key in i for i in items):
+    return None
+  width = max(len(i[key]) for i in items)
+  table = np.array([np.pad(i[key], (0, width - len(i[key])), mode='edge')
+                    for i in items]) / efficiency
+  top = np.array([len(i[key]) for i in items])
+  per = (np.zeros(len(items)) if slope is None else
+         np.array([float(np.ravel(i[slope])[0]) for i in items]))
+  per = per / efficiency
+  rows = np.arange(len(items))
+
+  def of(c):
+    whole = np.clip(np.ceil(c), 1, top).astype(np.int64)
+    return table[rows, whole - 1] - (whole - np.maximum(c, 1.0)) * per
+  return of
+
+
 def predict(items, overhead, burst, efficiency=1.0):
-  """TTFT or TPOT (ms) of each item at the parameters (arrays)."""
+  """TTFT or TPOT (ms) of each item at the parameters (arrays).  Items
+  from :func:`steady_inputs` carry the decode step and the piggybacked
+  decodes' cost as tables over the running batch, so the fit prices a
+  mixed iteration as :func:`calculon.serving.price.price` does."""
   run = np.array([float(np.ravel(i['run'])[0]) for i in items])
   get = lambda k: np.array([float(np.ravel(i[k])[0]) for i in items])
   isl, osl, t_dec, tau, q = get('isl'), get('osl'), get('t_dec'), \
@@ -146,8 +176,10 @@ def predict(items, overhead, burst, efficiency=1.0):
   t_dec, tau = t_dec / efficiency, tau / efficiency
   mixed = np.array([bool(i['mixed']) for i in items])
   group = np.clip(np.round(burst * run), 1, run)
+  dec_of = _table_of(items, 'dec_table', efficiency)
+  ride_of = _table_of(items, 'ride_table', efficiency, slope='tau')
   out_m = batching.closed_loop(run, isl, osl, t_dec, tau, q, True, group,
-                               overhead)
+                               overhead, dec_of, ride_of)
   out_u = batching.closed_loop(run, isl, osl, t_dec, tau, q, False, group,
                                overhead)
   pick = lambda k: np.where(mixed, out_m[k], out_u[k])
