@@ -18,9 +18,12 @@ aiconfigurator-core 0.12.0, Apache-2.0; not bundled: pass its path), its
 aggregated runs of the models bundled here, less every run that
 ``../shared/measurements/serving_runs.csv`` cites (those stay unseen by
 the fit); both TTFT and TPOT.  The physics of each row is priced once
-(:func:`calculon.serving.price.price` with both parameters 0, keeping the
-steady state's inputs); the parameters are then found by grid search
-minimizing the mean |log(predicted / measured)|.  Cross-validation:
+(:func:`calculon.serving.price.price` with the three parameters at their
+neutral values, keeping the steady state's inputs and its decode step
+and piggybacked-decode cost at every running batch 1..C), so the
+closed loop is re-priced at trial parameters exactly as the engine
+prices it; the parameters are then found by grid search minimizing the
+mean |log(predicted / measured)|.  Cross-validation:
 leave one model out (fit on the others, predict the model's rows).
 
 Run: ``python -m calculon.validation.serving_fit SILICON.csv [--every N]``.
@@ -100,9 +103,12 @@ def cited_ids(serving_runs):
 
 
 def steady_inputs(rows, base_dir):
-  """Prices each row once with both parameters 0; returns the rows the
-  steady state can re-price (closed loops): list of dicts with the
-  steady-state inputs, the per-rank users and the measured value."""
+  """Prices each row once with the three parameters neutral; returns the
+  rows the steady state can re-price (closed loops): list of dicts with
+  the steady-state inputs, 'dec_table' and 'ride_table' (seconds of a
+  decode step and of decodes piggybacked on a prefill iteration at the
+  running batches 1..ceil(run)), the per-rank users and the measured
+  value."""
   from calculon import io
   from calculon.errors import ConfigError
   from calculon.serving import deployment as D
