@@ -527,3 +527,43 @@ def test_fit_reprices_as_the_engine(framework):
             ('step_overhead_s', 'arrival_burst', 'roofline_efficiency')]
   engine = [r['predicted'] for r in run_suite(rows, repo())]
   assert F.predict(items, *params) == pytest.approx(engine, rel=1e-9)
+
+
+def test_highest_rate_sits_on_the_binding_target():
+  """MLPerf Inference's Server scenario (mlcommons/inference
+  loadgen/mlperf.conf: llama2-70b TTFT 2,000 ms, TPOT 200 ms): the rate
+  found meets both targets and 1 % more breaks one of them (or the
+  deployment's capacity)."""
+  from calculon.serving import deployment as D
+  from calculon.serving.price import price
+  from calculon.serving.search import highest_rate
+  app, system = _app('llama2-70B'), _system('h200_141g_datasheet')
+  fields = dict(framework='trtllm', tensor_par=1, weight_datatype='float8',
+                kv_cache_datatype='float8', isl=294, osl=294)
+  rate, res = highest_rate(app, system, fields, 2000, 200)
+  assert res['feasible'] and res['ttft_ms'] <= 2000 and res['tpot_ms'] <= 200
+  assert float(np.ravel(res['requests_per_s'])[0]) == pytest.approx(rate)
+  over = price(app, system, D.resolve(D.read_deployment(
+    dict(fields, request_rate=rate * 1.01)), app, system))
+  assert (not over['feasible'] or over['ttft_ms'] > 2000 or
+          over['tpot_ms'] > 200)
+
+
+def test_mlperf_names_and_server_rows():
+  """MLPerf benchmark names fold to the bundled models; a 'Server' row
+  without a rate takes the benchmark's targets (interactive ones when
+  the row says so) and is priced at the highest rate meeting them."""
+  from calculon.validation.serving import (SERVER_KEY, deployment_of,
+                                           model_key)
+  assert model_key('llama3_1-405b') == 'llama3.1-405B'
+  assert model_key('llama2-70b-99.9') == 'llama2-70B'
+  assert model_key('llama3_1-8b') == 'llama3-8B'
+  row = dict(id='s1', source='MLPerf Inference v5.0', model='llama2-70b-99',
+             gpu='NVIDIA H200-SXM-141GB', num_gpus='8', tp='2', pp='1',
+             ep='', precision='FP8', framework='TensorRT-LLM 0.17',
+             isl='294', osl='294', concurrency_or_rate='Server',
+             metric='tokens_per_s', value='1', notes='')
+  got = deployment_of(row, repo())
+  assert got[2][SERVER_KEY] == (2000, 200) and got[4] == 4
+  got = deployment_of(dict(row, concurrency_or_rate='Interactive'), repo())
+  assert got[2][SERVER_KEY] == (450, 40)

@@ -12,6 +12,9 @@ worker size; it keeps the deployments that meet the targets and ranks
 them by output tokens/s per GPU (ties: the higher tokens/s per user, then
 the fewer GPUs per worker).
 
+:func:`highest_rate` finds the highest request rate one deployment
+serves within the targets (MLPerf Inference's Server scenario).
+
 Reads: :mod:`calculon.serving.price`, :mod:`calculon.serving.deployment`.
 """
 
@@ -145,6 +148,67 @@ def search(app, system, base, gpus, ttft_ms=None, tpot_ms=None, top=5,
                            r['fields']['tensor_par'] *
                            r['fields']['pipeline_par']))
   return rows[:top], points
+
+
+def highest_rate(app, system, fields, ttft_ms=None, tpot_ms=None,
+                 iterations=40):
+  """The highest Poisson request rate (requests/s, the whole deployment)
+  one deployment serves within the targets, and its figures.
+
+  The open loop (:func:`calculon.serving.batching.open_loop`) is feasible
+  while prefill takes less than the whole GPU and the running batch stays
+  within the limits; the rate is found by bisection in log space between
+  a rate that meets the targets and one that does not (the figures grow
+  with the rate).  As MLPerf Inference's Server scenario (mlcommons/
+  inference loadgen/mlperf.conf: the highest ``target_qps`` whose TTFT
+  and TPOT stay within ``ttft_latency`` and ``tpot_latency``), with the
+  model's mean figures in place of the 99th percentiles.
+
+  Args:
+    fields: deployment fields without a load (a ``request_rate`` is set
+      here).
+    ttft_ms, tpot_ms: targets, or None.
+
+  Returns:
+    (rate, figures of :func:`~calculon.serving.price.price`), or (None,
+    None) when not even a rate of 1e-4 requests/s meets them.
+
+  Raises:
+    ConfigError: the fields do not make a deployment.
+  """
+  def meets(rate):
+    dep = D.resolve(D.read_deployment(dict(fields, request_rate=rate),
+                                      '<server>'), app, system, '<server>')
+    res = price(app, system, dep)
+    ok = bool(res['feasible'])
+    if ok and ttft_ms is not None:
+      ok = float(np.ravel(res['ttft_ms'])[0]) <= ttft_ms
+    if ok and tpot_ms is not None:
+      ok = float(np.ravel(res['tpot_ms'])[0]) <= tpot_ms
+    return ok, res
+
+  lo, hi = 1e-4, 1.0
+  ok, res = meets(lo)
+  if not ok:
+    return None, None
+  best = res
+  while True:
+    ok, res = meets(hi)
+    if not ok:
+      break
+    lo, best, hi = hi, res, hi * 4
+    if hi > 1e7:
+      return lo, best
+  for _ in range(iterations):
+    mid = (lo * hi) ** 0.5
+    ok, res = meets(mid)
+    if ok:
+      lo, best = mid, res
+    else:
+      hi = mid
+    if hi / lo < 1.0005:
+      break
+  return lo, best
 
 
 def pareto(points):

@@ -30,6 +30,11 @@ Conventions (what a row leaves unstated):
   a static batch; 'request_rate=R' an open loop; 'offline max-throughput',
   'request_rate=inf' the offline
   maximum (as many sequences as the KV cache and max_num_seqs allow);
+  'Server' or 'Interactive' without a rate (MLPerf Inference's
+  scenarios) the highest Poisson rate whose mean TTFT and TPOT meet
+  MLPerf's targets for the model (:data:`SERVER_TARGETS_MS`; none known:
+  the highest rate the deployment sustains;
+  :func:`calculon.serving.search.highest_rate`);
   a finite benchmark at an infinite rate ('N prompts at
   request_rate=inf', 'request_rate=inf, N prompts', or 'N requests' in
   the source or notes) ``num_requests`` N: the drain of the batch
@@ -90,16 +95,21 @@ MODELS = {
 }
 #: Checkpoint suffixes that name a variant of the same architecture.
 _VARIANTS = ('-instruct', '-chat', '-hf', '-base', '-fp8', '-fp4', '-nvfp4',
-             '-awq', '-gptq', '-int4', '-int8', '-dynamic', '-v1', '-it')
+             '-awq', '-gptq', '-int4', '-int8', '-dynamic', '-v1', '-it',
+             # MLPerf Inference benchmark names: accuracy targets and the
+             # interactive variant (mlcommons/inference loadgen/mlperf.conf).
+             '-99', '-99.9', '-interactive')
 
 
 def model_key(name):
   """The bundled application a row's model names (a key of MODELS's
   values), or None: case, spaces and underscores folded to hyphens, an
   organization prefix ('meta-llama/') and checkpoint-variant suffixes
-  ('-Instruct', '-chat-hf', '-FP8', ...) dropped, 'llama2' read as
-  'llama-2'."""
+  ('-Instruct', '-chat-hf', '-FP8', MLPerf's '-99.9' and
+  '-interactive', ...) dropped, 'llama2' read as 'llama-2' and MLPerf's
+  'llama3_1' as 'llama-3.1'."""
   m = name.strip().lower().split('/')[-1]
+  m = re.sub(r'llama(\d)_(\d)', r'llama\1.\2', m)
   m = re.sub(r'[\s_]+', '-', m)
   m = re.sub(r'^(meta-)?llama-?(\d(?:\.\d)?)-?', r'llama-\2-', m)
   m = re.sub(r'-+', '-', m).strip('-')
@@ -132,6 +142,21 @@ SYSTEMS = (
 )
 #: Approximate mean prompt and output tokens of a ShareGPT benchmark run.
 SHAREGPT = (230, 200)
+#: MLPerf Inference's Server-scenario targets (TTFT ms, TPOT ms) by
+#: bundled model: (server, interactive); mlcommons/inference
+#: loadgen/mlperf.conf @001712e9 (``ttft_latency``, ``tpot_latency``, at
+#: ``target_latency_percentile`` 99).
+SERVER_TARGETS_MS = {
+  'llama2-70B': ((2000, 200), (450, 40)),
+  'mixtral-8x7B': ((2000, 200), None),
+  'llama3.1-405B': ((6000, 175), (4500, 80)),
+  'llama3-8B': ((2000, 100), (500, 30)),
+  'deepseek-v3': ((2000, 80), (1500, 15)),
+}
+#: Key of a row's deployment fields carrying Server-scenario targets
+#: (TTFT ms or None, TPOT ms or None): the row is priced at the highest
+#: request rate that meets them (:func:`run_suite`).
+SERVER_KEY = 'server_targets_ms'
 KINDS = ('throughput', 'tpot', 'ttft')
 COLUMNS = ('id', 'source', 'model', 'gpu', 'num_gpus', 'tp', 'pp', 'ep',
            'precision', 'framework', 'isl', 'osl', 'concurrency_or_rate',
@@ -303,6 +328,20 @@ def deployment_of(row, base_dir):
       f"{f['num_requests']} requests at once: the drain of the batch "
       '(output tokens / makespan)' +
       (', exponential output lengths' if variable else ''))
+  elif re.search(r'\b(server|interactive)\b', load):
+    text = ' '.join((load, row['model'], row.get('source') or '', notes))
+    interactive = re.search(r'interactive', text, re.I) is not None
+    pair = SERVER_TARGETS_MS.get(model)
+    targets = pair[1 if interactive else 0] if pair else None
+    f[SERVER_KEY] = targets or (None, None)
+    assumptions.append(
+      'server scenario without a rate: the highest request rate whose '
+      'mean TTFT and TPOT meet ' +
+      (f'MLPerf\'s {"interactive " if interactive else ""}targets, '
+       f'{targets[0]} / {targets[1]} ms (loadgen/mlperf.conf; its 99th '
+       'percentiles read as means)' if targets else
+       'no target (none known for this model): the highest rate it '
+       'sustains'))
   elif 'inf' in load or 'offline' in load:
     assumptions.append('offline: as many sequences as the KV cache and '
                        'max_num_seqs hold')
@@ -436,9 +475,21 @@ def run_suite(rows, base_dir, progress=None):
       apps[app_path] = app
       system = systems.get(sys_path) or io.load_system(sys_path)
       systems[sys_path] = system
-      dep = D.resolve(D.read_deployment(fields, row['id']), app, system,
-                      row['id'])
-      res = price(app, system, dep)
+      if SERVER_KEY in fields:
+        from calculon.serving.search import highest_rate
+        targets = fields.pop(SERVER_KEY)
+        rate, res = highest_rate(app, system, fields, *targets)
+        if rate is None:
+          rec['status'] = 'infeasible'
+          rec['assumptions'] = '; '.join(assumptions + [
+            'no request rate meets the server targets'])
+          out.append(rec)
+          continue
+        assumptions.append(f'{rate:.3g} requests/s a replica')
+      else:
+        dep = D.resolve(D.read_deployment(fields, row['id']), app, system,
+                        row['id'])
+        res = price(app, system, dep)
     except ConfigError as err:
       rec['assumptions'] = f'not priced: {err}'
       out.append(rec)

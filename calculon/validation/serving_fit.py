@@ -113,13 +113,16 @@ def steady_inputs(rows, base_dir):
   from calculon.errors import ConfigError
   from calculon.serving import deployment as D
   from calculon.serving.price import price
-  from calculon.validation.serving import deployment_of, metric_kind
+  from calculon.validation.serving import SERVER_KEY, deployment_of, \
+    metric_kind
   out, cache = [], {}
   for row in rows:
     got = deployment_of(row, base_dir)
     if isinstance(got, str):
       continue
     app_path, sys_path, fields, _, _, kind = got
+    if SERVER_KEY in fields:
+      continue
     key = (app_path, sys_path, tuple(sorted(fields.items())))
     if key not in cache:
       try:
