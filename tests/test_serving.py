@@ -260,8 +260,7 @@ def test_fit_recovers_known_parameters():
   truth = F.predict(items, 0.002, 0.5, 0.8)
   for item, value in zip(items, truth):
     item['measured'] = float(value)
-  o, b, e = F.fit(items)
-  assert (o, b, e) == pytest.approx((0.002, 0.5, 0.8))
+  assert F.fit(items) == pytest.approx((0.002, 0.5, 0.8))
 
 
 def test_kv_capacity_llama3_70b_vllm_tp8_by_hand():
@@ -567,3 +566,4 @@ def test_mlperf_names_and_server_rows():
   assert got[2][SERVER_KEY] == (2000, 200) and got[4] == 4
   got = deployment_of(dict(row, concurrency_or_rate='Interactive'), repo())
   assert got[2][SERVER_KEY] == (450, 40)
+

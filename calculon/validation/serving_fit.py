@@ -1,4 +1,4 @@
-"""Fit the serving presets' three bounded parameters on AIConfigurator's
+"""Fit the serving presets' bounded parameters on AIConfigurator's
 silicon sample, cross-validated.
 
 The parameters, per framework, bounded and physical:
@@ -149,27 +149,49 @@ def steady_inputs(rows, base_dir):
   return out
 
 
-def _table_of(items, key, efficiency, slope=None):
-  """A vectorized step function from each item's ``key`` table (seconds
-  at the batches 1, 2, ..., ceil(run)), or None when an item has none.
-  As the engine's decode step, a fractional batch c is priced at ceil(c)
-  sequences, less (ceil(c) - c) x ``slope`` (the items' per-sequence
-  seconds that scale with c itself: the piggybacked decodes' FLOP at the
-  prefill's per-token time)."""
-  if not all(key in i for i in items):
-    return None
-  width = max(len(i[key]) for i in items)
-  table = np.array([np.pad(i[key], (0, width - len(i[key])), mode='edge')
-                    for i in items]) / efficiency
-  top = np.array([len(i[key]) for i in items])
-  per = (np.zeros(len(items)) if slope is None else
-         np.array([float(np.ravel(i[slope])[0]) for i in items]))
-  per = per / efficiency
-  rows = np.arange(len(items))
+class Prepared:
+  """The items' steady-state inputs as arrays, built once for the many
+  trial parameters of a fit (:func:`prepare`)."""
+
+
+def prepare(items):
+  """Items (from :func:`steady_inputs`) as a :class:`Prepared` of arrays;
+  a :class:`Prepared` is returned as it is."""
+  if isinstance(items, Prepared):
+    return items
+  p = Prepared()
+  get = lambda k, d=None: np.array(
+    [float(np.ravel(i[k])[0]) if k in i else d for i in items], float)
+  p.n = len(items)
+  p.run, p.isl, p.osl = get('run'), get('isl'), get('osl')
+  p.t_dec, p.tau, p.q = get('t_dec'), get('tau'), get('q')
+  p.per_rank = get('per_rank')
+  p.measured = get('measured')
+  p.mixed = np.array([bool(i['mixed']) for i in items])
+  p.ttft = np.array([i['kind'] == 'ttft' for i in items])
+  p.rows = np.arange(p.n)
+  p.tables = all('dec_table' in i for i in items)
+  if p.tables:
+    width = max(len(i['dec_table']) for i in items)
+    pad = lambda k: np.array([np.pad(i[k], (0, width - len(i[k])),
+                                     mode='edge') for i in items])
+    p.dec, p.ride = pad('dec_table'), pad('ride_table')
+    p.top = np.array([len(i['dec_table']) for i in items])
+  return p
+
+
+def _table_of(p, table, efficiency, slope=None):
+  """A vectorized step function from a prepared table (seconds at the
+  batches 1, 2, ..., ceil(run)).  As the engine's decode step, a
+  fractional batch c is priced at ceil(c) sequences, less (ceil(c) - c) x
+  ``slope`` (per-sequence seconds that scale with c itself: the
+  piggybacked decodes' FLOP at the prefill's per-token time)."""
+  per = (0.0 if slope is None else slope) / efficiency
 
   def of(c):
-    whole = np.clip(np.ceil(c), 1, top).astype(np.int64)
-    return table[rows, whole - 1] - (whole - np.maximum(c, 1.0)) * per
+    whole = np.clip(np.ceil(c), 1, p.top).astype(np.int64)
+    return (table[p.rows, whole - 1] / efficiency -
+            (whole - np.maximum(c, 1.0)) * per)
   return of
 
 
@@ -177,39 +199,36 @@ def predict(items, overhead, burst, efficiency=1.0):
   """TTFT or TPOT (ms) of each item at the parameters (arrays).  Items
   from :func:`steady_inputs` carry the decode step and the piggybacked
   decodes' cost as tables over the running batch, so the fit prices a
-  mixed iteration as :func:`calculon.serving.price.price` does."""
-  run = np.array([float(np.ravel(i['run'])[0]) for i in items])
-  get = lambda k: np.array([float(np.ravel(i[k])[0]) for i in items])
-  isl, osl, t_dec, tau, q = get('isl'), get('osl'), get('t_dec'), \
-    get('tau'), get('q')
-  t_dec, tau = t_dec / efficiency, tau / efficiency
-  mixed = np.array([bool(i['mixed']) for i in items])
-  group = np.clip(np.round(burst * run), 1, run)
-  dec_of = _table_of(items, 'dec_table', efficiency)
-  ride_of = _table_of(items, 'ride_table', efficiency, slope='tau')
-  out_m = batching.closed_loop(run, isl, osl, t_dec, tau, q, True, group,
-                               overhead, dec_of, ride_of)
-  out_u = batching.closed_loop(run, isl, osl, t_dec, tau, q, False, group,
-                               overhead)
-  pick = lambda k: np.where(mixed, out_m[k], out_u[k])
+  closed loop as :func:`calculon.serving.price.price` does; ``items``
+  may be a :func:`prepare` of them."""
+  p = prepare(items)
+  t_dec, tau = p.t_dec / efficiency, p.tau / efficiency
+  group = np.clip(np.round(burst * p.run), 1, p.run)
+  dec_of = ride_of = None
+  if p.tables:
+    dec_of = _table_of(p, p.dec, efficiency)
+    ride_of = _table_of(p, p.ride, efficiency, slope=p.tau)
+  out_m = batching.closed_loop(p.run, p.isl, p.osl, t_dec, tau, p.q, True,
+                               group, overhead, dec_of, ride_of)
+  out_u = batching.closed_loop(p.run, p.isl, p.osl, t_dec, tau, p.q, False,
+                               group, overhead)
+  pick = lambda k: np.where(p.mixed, out_m[k], out_u[k])
   W, ttft, X = pick('latency_s'), pick('ttft_s'), pick('requests_per_s')
-  cycle = get('per_rank') / X
+  cycle = p.per_rank / X
+  tpot = np.where(p.osl > 1, (W - ttft) / np.maximum(p.osl - 1, 1), 0.0)
   ttft = ttft + (cycle - W)
-  tpot = np.where(osl > 1, (W - pick('ttft_s')) / np.maximum(osl - 1, 1),
-                  0.0)
-  kind = np.array([i['kind'] for i in items])
-  return np.where(kind == 'ttft', ttft, tpot) * 1e3
+  return np.where(p.ttft, ttft, tpot) * 1e3
 
 
 def fit(items):
   """(overhead_s, burst, efficiency) minimizing the mean |log(pred /
-  measured)|."""
-  meas = np.array([i['measured'] for i in items])
+  measured)| over the grids."""
+  p = prepare(items)
   best = (math.inf, 0.0, 0.0, 1.0)
   for e in EFFICIENCIES:
     for o in OVERHEADS_S:
       for b in BURSTS:
-        err = np.mean(np.abs(np.log(predict(items, o, b, e) / meas)))
+        err = np.mean(np.abs(np.log(predict(p, o, b, e) / p.measured)))
         if err < best[0]:
           best = (err, o, b, e)
   return best[1:]
@@ -254,12 +273,11 @@ def main(argv=None):
     if not sub:
       continue
     o, b, e = fit(sub)
-    base_err = {k: median_abs_pct([i for i in sub if i['kind'] == k],
-                                  predict([i for i in sub if i['kind'] == k],
-                                          0.0, 0.0)) for k in ('ttft', 'tpot')}
-    fit_err = {k: median_abs_pct([i for i in sub if i['kind'] == k],
-                                 predict([i for i in sub if i['kind'] == k],
-                                         o, b, e)) for k in ('ttft', 'tpot')}
+    by = {k: [i for i in sub if i['kind'] == k] for k in ('ttft', 'tpot')}
+    base_err = {k: median_abs_pct(v, predict(v, 0.0, 0.0))
+                for k, v in by.items()}
+    fit_err = {k: median_abs_pct(v, predict(v, o, b, e))
+               for k, v in by.items()}
     # Leave one model out.
     cv = {'ttft': [], 'tpot': []}
     for model in sorted({i['model'] for i in sub}):
@@ -267,8 +285,7 @@ def main(argv=None):
       test = [i for i in sub if i['model'] == model]
       if not train:
         continue
-      to, tb, te = fit(train)
-      pred = predict(test, to, tb, te)
+      pred = predict(test, *fit(train))
       for i, p in zip(test, pred):
         cv[i['kind']].append(abs(100 * (p / i['measured'] - 1)))
     cv = {k: float(np.median(v)) if v else None for k, v in cv.items()}
@@ -278,7 +295,7 @@ def main(argv=None):
           f'median |error| TTFT/TPOT: unfitted {base_err["ttft"]:.1f} / '
           f'{base_err["tpot"]:.1f} %, fitted {fit_err["ttft"]:.1f} / '
           f'{fit_err["tpot"]:.1f} %, leave-one-model-out '
-          f'{cv["ttft"]:.1f} / {cv["tpot"]:.1f} %')
+          f'{cv["ttft"]:.1f} / {cv["tpot"]:.1f} %', flush=True)
   return 0
 
 
