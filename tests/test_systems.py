@@ -50,6 +50,8 @@ DATASHEET_TFLOPS = {
                   'float8': 720e3 / 72 / 2, 'float4': 1080e3 / 72},
   # AMD Instinct MI300X: FP16/BF16 1,307.4, FP8 2,614.9 (dense).
   'mi300x': {'bfloat16': 1307.4, 'float16': 1307.4, 'float8': 2614.9},
+  # AMD Instinct MI325X: the MI300X's compute (dense).
+  'mi325x': {'bfloat16': 1307.4, 'float16': 1307.4, 'float8': 2614.9},
   # AMD Instinct MI355X: FP16/BF16 2.5 PF, FP8 5 PF, MXFP4 10.1 PF (dense).
   'mi355x': {'bfloat16': 2500, 'float16': 2500, 'float8': 5000,
              'float4': 10100},
@@ -75,7 +77,7 @@ HBM = {'a100_40g': (40, 1555), 'a100_sxm_80g': (80, 2039),
        'h100_sxm_80g': (80, 3350),
        'h200_141g': (141, 4800), 'b200': (180, 8000), 'b300': (288, 8000),
        'gb200_nvl72': (186, 8000), 'gb300_nvl72': (288, 8000),
-       'mi300x': (192, 5300), 'mi355x': (288, 8000)}
+       'mi300x': (192, 5300), 'mi325x': (256, 6000), 'mi355x': (288, 8000)}
 
 # Scale-up domain and its per-direction bandwidth per GPU (GB/s): NVLink3
 # 600, NVLink4 900, NVLink5 1,800 GB/s bidirectional; Infinity Fabric 7
@@ -84,12 +86,12 @@ SCALE_UP = {'a100_40g': (8, 300), 'a100_sxm_80g': (8, 300),
             'h100_sxm_80g': (8, 450),
             'h200_141g': (8, 450), 'b200': (8, 900), 'b300': (8, 900),
             'gb200_nvl72': (72, 900), 'gb300_nvl72': (72, 900),
-            'mi300x': (8, 448), 'mi355x': (8, 535.5)}
+            'mi300x': (8, 448), 'mi325x': (8, 448), 'mi355x': (8, 535.5)}
 # Scale-out per GPU (GB/s): 200 Gb/s HDR, 400 Gb/s ConnectX-7 / Pollara,
 # 800 Gb/s ConnectX-8.
 SCALE_OUT = {'a100_40g': 25, 'a100_sxm_80g': 25, 'h100_sxm_80g': 50, 'h200_141g': 50,
              'b200': 50, 'b300': 100, 'gb200_nvl72': 50, 'gb300_nvl72': 100,
-             'mi300x': 50, 'mi355x': 50}
+             'mi300x': 50, 'mi325x': 50, 'mi355x': 50}
 
 
 def datasheet(name):

@@ -138,7 +138,7 @@ SYSTEMS = (
   ('b300', 'b300_datasheet'), ('b200', 'b200_datasheet'),
   ('h200', 'h200_141g_datasheet'), ('h100', 'h100_sxm_80g_datasheet'),
   ('a100', 'a100_sxm_80g_datasheet'), ('mi355', 'mi355x'),
-  ('mi300', 'mi300x'),
+  ('mi325', 'mi325x'), ('mi300', 'mi300x'),
 )
 #: Approximate mean prompt and output tokens of a ShareGPT benchmark run.
 SHAREGPT = (230, 200)
