@@ -244,6 +244,9 @@ def deployment_of(row, base_dir):
     return f"no system file for GPU '{row['gpu']}'"
   notes = row.get('notes') or ''
   assumptions = []
+  if re.search(r'pcie|\bnvl\b|\b40\s*gb', gpu):
+    assumptions.append(f"GPU '{row['gpu']}' priced as {system}.json (no "
+                       'file of that variant)')
   isl, osl = _int(row['isl']), _int(row['osl'])
   variable = False
   if isl is None or osl is None:
