@@ -3,6 +3,7 @@
 overlap, on runs outside the published suite.
 
     python validation/fit_overlap_efficiency.py [--field NAME] [--pairs CSV]
+    python validation/fit_overlap_efficiency.py --layouts [CSV] [--min-tp N]
 
 ``--pairs`` (default: the field's file below) holds measured runs in the
 columns of ``validation/published_runs.csv``, two per configuration, the
@@ -17,6 +18,18 @@ predicted speedups (time without the overlap over time with it) are
 closest, in least squares of their logarithms, to the measured ones.
 Prints the table and the value.
 
+``--layouts`` fits the value from layouts of one model instead of A/B
+pairs of the overlap: measured runs of the same configuration at
+different TP (the same GPUs, batch, PP, VP and CP; DP takes the rest),
+priced as above with the rows' own conventions (the fastest of the
+overlap's candidates). A row at TP >= ``--min-tp`` (default 8) is priced
+at the fitted value, its partner at a lower TP at 1 (it realizes the
+overlap); the fitted value is the one whose predicted time ratios (the
+higher TP's over the lower's) are closest, in least squares of their
+logarithms, to the measured ones. A ratio, so that the level the datasheet
+files miss by cancels: only how much slower the higher TP is enters.
+Rows without a partner are listed and left out.
+
 The bundled pairs:
 
 * ``validation/tp_overlap_pairs.csv`` (``tensor_par_overlap_efficiency``,
@@ -28,6 +41,14 @@ The bundled pairs:
   here so that no suite row enters the fit), its 8B float8 tensorwise
   baseline too, and its float8 rowwise baselines are flagged there as
   anomalously slow (torchtitan issue #1207).
+
+The bundled layouts (``--layouts``, default ``validation/layout_ab_runs.csv``):
+NVIDIA's memory-tuning skill card (NVIDIA-NeMo/Megatron-Bridge
+skills/nemo-mbridge-perf-memory-tuning/card.yaml @067f987df,
+measured_results), Llama 3 70B SFT in FP8 current scaling on 32 H100: TP 4
+PP 4 VP 5 at 704 and TP 8 PP 4 VP 5 at 508.7 TFLOP/s a GPU pair up (the
+Megatron-Core presets' Transformer Engine overlap at TP 8); TP 4 PP 8 has
+no partner.
 """
 
 import argparse
@@ -60,16 +81,26 @@ def _overlap_values(case, overlap):
   return [value] if isinstance(value, str) else list(value)
 
 
-def priced_s(suite, case, field, efficiency=None):
+def priced_s(suite, case, field, efficiency=None, overlapped=False):
   """Predicted time (s) of ``case``; the overlapped row at
-  ``efficiency`` when given."""
+  ``efficiency`` when given; ``overlapped``: only the candidates with the
+  overlap (the fastest of its values the rules leave)."""
   from calculon.validation.published import price
+  overlap, off, _ = FIELDS[field]
+  axes = case.axes.get(overlap)
+  if overlapped:
+    values = [v for v in _overlap_values(case, overlap) if v != off]
+    if not values:
+      raise SystemExit(f'{case.id}: the rules leave no {overlap} but {off}')
+    case.axes[overlap] = values
   if efficiency is not None:
     case.fixed[field] = float(efficiency)
   try:
     res = price(case, suite.system(case))
   finally:
     case.fixed.pop(field, None)
+    if overlapped:
+      case.axes[overlap] = axes
   if res.status != 'ok':
     raise SystemExit(f'{case.id}: {res.status}: {res.reason}')
   return res.predicted_s
@@ -112,6 +143,66 @@ def fit(suite, field='tensor_par_overlap_efficiency'):
   return eff, rows
 
 
+#: The columns two layouts of one configuration share (all but TP, DP).
+LAYOUT_KEYS = ('num_layers', 'hidden', 'ffn_hidden',
+               'attn_heads', 'kv_heads', 'seq_len', 'vocab', 'num_gpus',
+               'gpu_type', 'pp', 'cp', 'vp', 'global_batch_size',
+               'micro_batch_size', 'recompute', 'seq_parallel', 'dtype')
+LAYOUTS = 'validation/layout_ab_runs.csv'
+
+
+def _layout_key(case):
+  row = case.row
+  return tuple(str(row.get(k) or '').strip() for k in LAYOUT_KEYS)
+
+
+def fit_layouts(suite, field='tensor_par_overlap_efficiency', min_tp=8):
+  """(efficiency, rows, unpaired): the least-squares ``field`` for the
+  rows at TP >= ``min_tp`` against their partners at a lower TP (priced
+  at 1); per pair (name, measured ratio, predicted at 1, predicted at the
+  fit) with ratio = higher TP's time / lower TP's; the ids of rows
+  without a partner.
+
+  Raises:
+    SystemExit: a row is not priced, or no pair is found.
+  """
+  groups = {}
+  for case in suite.cases:
+    if not case.expressible:
+      raise SystemExit(f"{case.id}: not priced: {'; '.join(case.missing)}")
+    groups.setdefault(_layout_key(case), []).append(case)
+  data, unpaired = [], []
+  for cases in groups.values():
+    high = [c for c in cases if int(c.row['tp']) >= min_tp]
+    low = [c for c in cases if int(c.row['tp']) < min_tp]
+    if not high or not low:
+      unpaired += [c.id for c in cases]
+      continue
+    for h in high:
+      for lo in low:
+        name = (f"TP {lo.row['tp']} -> {h.row['tp']} (PP {h.row['pp']}, "
+                f"VP {h.row['vp'] or 1}, {h.row['num_gpus']} GPUs)")
+        data.append((name, h.measured_s / lo.measured_s,
+                     priced_s(suite, lo, field, 1.0, True), h))
+  if not data:
+    raise SystemExit(f'no layouts pair up at TP >= {min_tp} and below')
+
+  def loss(eff):
+    return sum(math.log(priced_s(suite, h, field, eff, True) / t_low / m) ** 2
+               for _, m, t_low, h in data)
+
+  from scipy.optimize import minimize_scalar
+  best = minimize_scalar(loss, bounds=(0.0, 1.0), method='bounded',
+                         options={'xatol': 1e-4})
+  eff = round(float(best.x), 3)
+  rows = [(name, m, priced_s(suite, h, field, 1.0, True) / t_low,
+           priced_s(suite, h, field, eff, True) / t_low,
+           priced_s(suite, h, field, 0.0, True) / t_low,
+           priced_s(suite, h, field, None) / t_low)
+          for name, m, t_low, h in data]
+  return eff, rows, unpaired
+
+
 def main(argv=None):
   from calculon.validation.published import Suite
   p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
@@ -119,7 +210,26 @@ def main(argv=None):
                  choices=sorted(FIELDS))
   p.add_argument('--pairs', help='A/B runs (default: the field\'s bundled '
                  'file)')
+  p.add_argument('--layouts', nargs='?', const=LAYOUTS, metavar='CSV',
+                 help='fit from layouts of one model at different TP '
+                 f'instead (default file: {LAYOUTS})')
+  p.add_argument('--min-tp', type=int, default=8,
+                 help='with --layouts: the TP from which a row is priced at '
+                 'the fitted value (default 8)')
   args = p.parse_args(argv)
+  if args.layouts:
+    suite = Suite(ROOT, [os.path.join(ROOT, args.layouts)])
+    eff, rows, unpaired = fit_layouts(suite, args.field, args.min_tp)
+    print('| layouts | measured time ratio | predicted at 1 | '
+          f'predicted at {eff} | predicted at 0 | as the suite prices it |')
+    print('|---|---|---|---|---|---|')
+    for name, m, full, fitted, zero, suite_ratio in rows:
+      print(f'| {name} | {m:.3f} | {full:.3f} | {fitted:.3f} | {zero:.3f} '
+            f'| {suite_ratio:.3f} |')
+    if unpaired:
+      print('\nno partner (left out): ' + ', '.join(unpaired))
+    print(f'\n{args.field} = {eff} (TP >= {args.min_tp})')
+    return
   pairs = args.pairs or os.path.join(ROOT, FIELDS[args.field][2])
   suite = Suite(ROOT, [pairs])
   eff, rows = fit(suite, args.field)
