@@ -480,3 +480,32 @@ def test_torchtitan_async_tp_efficiency_is_the_fit_of_its_own_ab_runs():
     dict(ring, framework='megatron-core')))
   assert exe.tensor_par_overlap_efficiency == 1.0
 
+
+def test_tp8_overlap_share_from_nvidias_llama3_70b_layouts():
+  """validation/fit_overlap_efficiency.py --layouts fits the share of the
+  tiled overlap's gain that Transformer Engine realizes at TP 8 from
+  NVIDIA's Llama 3 70B layouts outside the published suite
+  (validation/layout_ab_runs.csv, Megatron-Bridge 067f987df
+  skills/nemo-mbridge-perf-memory-tuning/card.yaml): TP 4 PP 4 at 704
+  and TP 8 PP 4 at 508.7 TFLOP/s a GPU, the same model, batch and 32
+  GPUs, so TP 8 takes 704 / 508.7 = 1.384 times as long.  On the
+  datasheet H100 file the whole overlap gives 1.120 and none of its gain
+  1.528, so the share is about (1.528 - 1.384) / (1.528 - 1.120) = 0.35
+  (the fit is on the logarithm, the model not exactly linear in it).
+  TP 4 PP 8 has no TP 8 partner."""
+  import importlib.util
+  from calculon.validation.published import Suite
+  spec = importlib.util.spec_from_file_location(
+    'fit_tp', repo('validation', 'fit_overlap_efficiency.py'))
+  fit_tp = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(fit_tp)
+  eff, rows, unpaired = fit_tp.fit_layouts(
+    Suite(ROOT, [repo('validation', 'layout_ab_runs.csv')]))
+  assert unpaired == ['megatron-bridge-02']
+  (_, measured, full, fitted, zero, _), = rows
+  assert measured == pytest.approx(704 / 508.7, rel=1e-3)
+  assert full < 1.2 < measured < zero
+  assert fitted == pytest.approx(measured, rel=2e-3)
+  assert eff == pytest.approx((zero - measured) / (zero - full), abs=0.05)
+  assert 0.3 < eff < 0.4
+
