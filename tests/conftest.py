@@ -60,6 +60,19 @@ def assert_png(path, min_bytes=10_000):
   assert len(colors) > 20, f'{path}: looks blank ({len(colors)} colors)'
 
 
+def unknown_source_row(**fields):
+  """A published-runs row of a source no convention names (an 'Acme
+  Labs' 16-GPU run of a 16-layer, 2,048-wide model at TP 2), every other
+  column blank; ``fields`` override or add columns."""
+  from calculon.validation import mapping
+  row = {k: '' for k in mapping.FACT_COLUMNS}
+  row.update(source='Acme Labs 2027 training report', model_name='Acme-7',
+             num_layers='16', hidden='2048', attn_heads='16', num_gpus='16',
+             tp='2', pp='1', global_batch_size='64')
+  row.update(fields)
+  return row
+
+
 def write_csv(path, rows):
   """Writes ``rows`` (dicts with the same keys) as a CSV file; returns the
   path as a string."""

@@ -13,7 +13,8 @@ from calculon.errors import ConfigError
 from calculon.validation import conventions as CV
 from calculon.validation import mapping as M
 from calculon.validation import published as P
-from conftest import ROOT, SHARED, assert_png, repo, run_cli, write_csv
+from conftest import (ROOT, SHARED, assert_png, repo, run_cli, unknown_source_row,
+                      write_csv)
 
 
 @pytest.fixture(scope='module')
@@ -529,12 +530,9 @@ def test_group_limited_routing_from_the_family_or_the_notes(tmp_path):
 
 
 def test_unknown_source_gets_stated_defaults(tmp_path):
-  row = {k: '' for k in M.FACT_COLUMNS}
-  row.update(source='Acme Labs 2027 training report', model_name='Acme-7',
-             num_layers='16', hidden='2048', attn_heads='16', seq_len='4096',
-             num_gpus='16', gpu_type='H100 80GB', tp='2', pp='1',
-             global_batch_size='64', measured_metric_name='tflops_per_gpu',
-             measured_value='300')
+  row = unknown_source_row(seq_len='4096', gpu_type='H100 80GB',
+                           measured_metric_name='tflops_per_gpu',
+                           measured_value='300')
   s = P.Suite(ROOT, [write_csv(tmp_path / 'acme.csv', [row])])
   c = s.cases[0]
   assert c.expressible and c.id == 'acme-01'

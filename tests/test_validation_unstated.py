@@ -9,7 +9,7 @@ from calculon.validation import calibrate as C
 from calculon.validation import conventions as CV
 from calculon.validation import mapping as M
 from calculon.validation import published as P
-from conftest import ROOT, write_csv
+from conftest import ROOT, unknown_source_row, write_csv
 
 
 @pytest.fixture(scope='module')
@@ -64,12 +64,10 @@ def test_preset_value_wins_over_the_table(tmp_path):
   # attention_kernel: frameworks/megatron-lm-2021.json says 'standard',
   # megatron-core.json 'flash' (its rule's value); the table's default is
   # flash.  An unknown source's row, priced under each preset.
-  row = {k: '' for k in M.FACT_COLUMNS}
-  row.update(source='Acme Labs 2027 training report', model_name='Acme-7',
-             num_layers='16', hidden='2048', attn_heads='16', seq_len='2048',
-             num_gpus='16', gpu_type='A100 80GB', tp='2', pp='1',
-             global_batch_size='64', micro_batch_size='1',
-             measured_metric_name='iteration_time_s', measured_value='1')
+  row = unknown_source_row(seq_len='2048', gpu_type='A100 80GB',
+                           micro_batch_size='1',
+                           measured_metric_name='iteration_time_s',
+                           measured_value='1')
   path = write_csv(tmp_path / 'acme.csv', [row])
   for framework, kernel in (('megatron-lm-2021', 'standard'),
                             ('megatron-core', 'flash')):

@@ -37,6 +37,7 @@ import math
 import os
 import re
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -149,7 +150,7 @@ def steady_inputs(rows, base_dir):
   return out
 
 
-class Prepared:
+class Prepared(SimpleNamespace):
   """The items' steady-state inputs as arrays, built once for the many
   trial parameters of a fit (:func:`prepare`)."""
 
@@ -160,16 +161,14 @@ def prepare(items):
   if isinstance(items, Prepared):
     return items
   p = Prepared()
-  get = lambda k, d=None: np.array(
-    [float(np.ravel(i[k])[0]) if k in i else d for i in items], float)
-  p.n = len(items)
+  get = lambda k: np.array([float(np.ravel(i[k])[0]) for i in items])
   p.run, p.isl, p.osl = get('run'), get('isl'), get('osl')
   p.t_dec, p.tau, p.q = get('t_dec'), get('tau'), get('q')
   p.per_rank = get('per_rank')
   p.measured = get('measured')
   p.mixed = np.array([bool(i['mixed']) for i in items])
   p.ttft = np.array([i['kind'] == 'ttft' for i in items])
-  p.rows = np.arange(p.n)
+  p.rows = np.arange(len(items))
   p.tables = all('dec_table' in i for i in items)
   if p.tables:
     width = max(len(i['dec_table']) for i in items)
