@@ -67,7 +67,8 @@ def prefill_tokens_per_iteration(concurrency, isl, max_num_tokens, chunked,
 
 
 def closed_loop(concurrency, isl, osl, t_dec, tau, q, mixed, group,
-                overhead_s=0.0, t_dec_of=None, t_ride_of=None):
+                overhead_s=0.0, t_dec_of=None, t_ride_of=None,
+                host_per_seq_s=0.0):
   """Steady state of ``concurrency`` users, each sending its next request
   when one returns (see the module).  Arrays broadcast.
 
@@ -93,6 +94,9 @@ def closed_loop(concurrency, isl, osl, t_dec, tau, q, mixed, group,
       step): the decodes' weights are read once with the prefill's
       (Agrawal et al. 2024, Sarathi-Serve, OSDI, section 3.3:
       piggybacked decodes).
+    host_per_seq_s: host time per decoding sequence of every iteration,
+      serialized with the GPU step (the framework's
+      ``host_per_sequence_s``; 0 where the host keeps up).
 
   Returns:
     dict of arrays: 'ttft_s', 'tpot_s', 'latency_s' (W), 'requests_per_s',
@@ -109,11 +113,13 @@ def closed_loop(concurrency, isl, osl, t_dec, tau, q, mixed, group,
   if mixed and t_dec_of is not None:
     t_dec = np.asarray(t_dec_of(np.maximum(decoding, 1.0)), float)
   prefill = np.minimum(q, group_tokens) * tau
+  host_dec = overhead_s + host_per_seq_s * (
+    np.maximum(decoding, 1.0) if (mixed and t_dec_of is not None) else C)
   if mixed and t_ride_of is not None:
     # The decodes ride in the prefill's GEMMs (one weight read for both).
     t_mix = np.maximum(prefill + np.asarray(
-      t_ride_of(np.maximum(decoding, 1.0)), float), t_dec) + overhead_s
-  t_dec = t_dec + overhead_s
+      t_ride_of(np.maximum(decoding, 1.0)), float), t_dec) + host_dec
+  t_dec = t_dec + host_dec
   if not (mixed and t_ride_of is not None):
     t_mix = prefill + (t_dec if mixed else overhead_s)
   ttft = (i_own + 1) / 2 * t_mix
@@ -131,10 +137,12 @@ def closed_loop(concurrency, isl, osl, t_dec, tau, q, mixed, group,
 
 
 def open_loop(rate, isl, osl, t_dec_of, tau, q, mixed, max_running,
-              overhead_s=0.0, iterations=60):
+              overhead_s=0.0, iterations=60, host_per_seq_s=0.0):
   """Steady state of Poisson arrivals at ``rate`` requests/s (see the
   module); ``t_dec_of(C)`` gives the decode step at a running batch C
-  (vectorized).  Returns the dict of :func:`closed_loop` plus
+  (vectorized), each iteration with the host's ``overhead_s`` plus
+  ``host_per_seq_s`` per running sequence.  Returns the dict of
+  :func:`closed_loop` plus
   'concurrency' and 'overloaded' (rho >= 1 or more running sequences
   than ``max_running``: the rate exceeds what the deployment serves)."""
   rate = np.asarray(rate, float)
@@ -144,7 +152,8 @@ def open_loop(rate, isl, osl, t_dec_of, tau, q, mixed, max_running,
   C = np.maximum(rate * 0 + 1.0, 1.0)
   tau_p = isl * tau
   for _ in range(iterations):
-    t_dec = t_dec_of(np.clip(np.round(C), 1, max_running)) + overhead_s
+    c_run = np.clip(np.round(C), 1, max_running)
+    t_dec = t_dec_of(c_run) + overhead_s + host_per_seq_s * c_run
     tpot = t_dec / (1 - r)
     own = np.ceil(isl / q) * (np.minimum(q, isl) * tau +
                               (t_dec if mixed else overhead_s))
@@ -158,12 +167,14 @@ def open_loop(rate, isl, osl, t_dec_of, tau, q, mixed, max_running,
           'overloaded': overloaded}
 
 
-def static_batch(batch, osl, t_prefill, t_dec, overhead_s=0.0):
+def static_batch(batch, osl, t_prefill, t_dec, overhead_s=0.0,
+                 host_per_seq_s=0.0):
   """A static batch (no continuous batching): all prompts prefilled in one
   pass, then osl - 1 decode steps of the whole batch, each iteration with
-  the host's ``overhead_s``."""
+  the host's ``overhead_s`` (and each decode step ``host_per_seq_s`` per
+  sequence)."""
   t_prefill = t_prefill + overhead_s
-  t_dec = t_dec + overhead_s
+  t_dec = t_dec + overhead_s + host_per_seq_s * np.asarray(batch, float)
   W = t_prefill + (osl - 1) * t_dec
   return {'ttft_s': t_prefill, 'tpot_s': np.where(osl > 1, t_dec, 0.0),
           'latency_s': W, 'requests_per_s': batch / W,
@@ -171,7 +182,7 @@ def static_batch(batch, osl, t_prefill, t_dec, overhead_s=0.0):
 
 
 def drain(requests, run, isl, osl, t_dec_of, tau, q, steady, variable,
-          overhead_s=0.0):
+          overhead_s=0.0, host_per_seq_s=0.0):
   """A finite benchmark: ``requests`` sent at once (request rate
   infinite), at most ``run`` running; the batch drains to the last
   request.  Arrays broadcast (``requests`` and ``run`` per rank).
@@ -204,7 +215,8 @@ def drain(requests, run, isl, osl, t_dec_of, tau, q, steady, variable,
     t_dec_of: decode step seconds at a running batch (vectorized).
     tau: seconds of prefill per prompt token; q: prefill tokens per
       iteration.
-    overhead_s: host time of every iteration.
+    overhead_s: host time of every iteration; host_per_seq_s: host time
+      per running sequence of every decode iteration.
 
   Returns:
     dict of arrays as :func:`closed_loop` plus 'makespan_s'.
@@ -221,14 +233,15 @@ def drain(requests, run, isl, osl, t_dec_of, tau, q, steady, variable,
   if variable:
     top = int(np.max(B))
     r = np.arange(1, top + 1, dtype=float)
-    t_r = np.asarray(t_dec_of(r), float) * np.ones_like(r) + overhead_s
+    t_r = np.asarray(t_dec_of(r), float) * np.ones_like(r) + overhead_s + \
+      host_per_seq_s * r
     by_r = np.concatenate([[0.0], np.cumsum(t_r / r)])
     mean_r = np.concatenate([[0.0], np.cumsum(t_r)])
     idx = B.astype(np.int64)
     t_drain = steps * by_r[idx]
     tpot_drain = mean_r[idx] / B
   else:
-    tpot_drain = t_dec_of(B) + overhead_s
+    tpot_drain = t_dec_of(B) + overhead_s + host_per_seq_s * B
     t_drain = steps * tpot_drain
   makespan = t_pre + t_mid + t_drain
   ttft = (B * ttft_wave + rest * (t_pre + rest / (2 * X) +

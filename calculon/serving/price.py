@@ -15,6 +15,10 @@ the mode decides aggregated (:mod:`~calculon.serving.batching`)
 or disaggregated (:mod:`~calculon.serving.disagg`).  ``concurrency`` may
 be an array (the search prices a column of them in one pass).
 
+Every iteration adds the framework's host time: ``step_overhead_s`` and,
+where the preset states it, ``host_per_sequence_s`` per running sequence
+(vLLM v0.5's API server and scheduler ran between GPU steps).
+
 Reads: :mod:`~calculon.serving.kv_cache`, :mod:`~calculon.serving.prefill`,
 :mod:`~calculon.serving.decode`, :mod:`~calculon.serving.batching`,
 :mod:`~calculon.serving.disagg`, the framework preset.
@@ -29,11 +33,6 @@ from calculon.serving import kv_cache as kvc
 from calculon.serving.decode import accepted_tokens, decode_step_s
 from calculon.serving.prefill import prefill_s
 
-#: Frameworks whose iterations mix prefill tokens with the running decodes
-#: (TensorRT-LLM in-flight batching; vLLM V1's unified scheduler); SGLang
-#: runs a prefill batch alone unless --enable-mixed-chunk
-#: (server_args.py enable_mixed_chunk = False).
-MIXES = {'trtllm': True, 'vllm': True, 'sglang': False}
 #: Bytes per activation element kept live by a forward over one token
 #: (16-bit): the block input and residual, the attention output, and the
 #: MLP's gate and up outputs of a TP shard; what the framework's profiling
@@ -141,8 +140,9 @@ def price(app, system, dep, concurrency=None):
   if not chunked and isl > dep.max_num_tokens and not reason:
     reason = (f'a prompt of {isl} tokens exceeds max_num_tokens '
               f'({dep.max_num_tokens}) without chunked prefill')
-  mixed = MIXES[dep.framework]
+  mixed = mixes(dep.preset, bool(dep.chunked_prefill))
   overhead = preset_value(dep.preset, 'step_overhead_s', 0.0)
+  per_seq = host_per_sequence_s(dep.preset)
   eff = preset_value(dep.preset, 'roofline_efficiency', 1.0)
   gpus_worker = w.tensor_par * w.pipeline_par * adp
 
@@ -158,7 +158,7 @@ def price(app, system, dep, concurrency=None):
                          dtype)
     t_pre = t_pre / eff
     t_dec = t_dec_of(per_rank)
-    out = batching.static_batch(B, osl, t_pre, t_dec, overhead)
+    out = batching.static_batch(B, osl, t_pre, t_dec, overhead, per_seq)
     running = B
     if np.any(per_rank > mem['max_concurrency']) and not reason:
       reason = (f'a static batch of {int(np.max(B))} sequences exceeds '
@@ -176,7 +176,8 @@ def price(app, system, dep, concurrency=None):
     tau = _tau(app, system, w, isl, dtype, batching.group_size(
       max_run, isl, dep.max_num_tokens), eff)
     out = batching.open_loop(rate, isl, osl, t_dec_of, tau, q, mixed,
-                             np.maximum(max_run, 1), overhead)
+                             np.maximum(max_run, 1), overhead,
+                             host_per_seq_s=per_seq)
     out['requests_per_s'] = out['requests_per_s'] * adp
     out['output_tokens_per_s'] = out['output_tokens_per_s'] * adp
     running = out['concurrency'] * adp
@@ -194,7 +195,8 @@ def price(app, system, dep, concurrency=None):
                          mixed, overhead)
     st = steady['steady']
     out = batching.drain(N, run, isl, osl, t_dec_of, st['tau'], st['q'],
-                         steady, bool(dep.variable_lengths), overhead)
+                         steady, bool(dep.variable_lengths), overhead,
+                         per_seq)
     out['requests_per_s'] = out['requests_per_s'] * adp
     out['output_tokens_per_s'] = out['output_tokens_per_s'] * adp
     running = run * adp
@@ -255,7 +257,8 @@ def price(app, system, dep, concurrency=None):
     'kv_cache_reads': parts['kv'] * 1e3, 'draft': parts['draft'] * 1e3}
   gpu_ms = sum(np.asarray(v) for v in res['decode_parts_ms'].values())
   res['decode_parts_ms']['kernels_below_roofline'] = gpu_ms * (1 / eff - 1)
-  res['decode_parts_ms']['host_per_step'] = overhead * 1e3 + 0 * gpu_ms
+  res['decode_parts_ms']['host_per_step'] = (overhead + per_seq * np.maximum(
+    np.asarray(res['concurrency']) / adp, 1)) * 1e3 + 0 * gpu_ms
   return res
 
 
@@ -263,6 +266,40 @@ def preset_value(preset, name, default):
   """A number of the serving preset (``{"value": ...}``), or ``default``."""
   entry = preset.get(name)
   return default if entry is None else entry['value']
+
+
+def mixes(preset, chunked=False):
+  """Whether the framework's iterations mix prefill tokens with the
+  running decodes (the preset's ``mixes_prefill``, its ``chunked_value``
+  with chunked prefill where it has one: TensorRT-LLM's in-flight
+  batching and vLLM V1 mix; SGLang without --enable-mixed-chunk runs
+  prefill iterations alone, and vLLM v0.5 does unless chunked prefill is
+  on)."""
+  entry = preset.get('mixes_prefill') or {}
+  if chunked and 'chunked_value' in entry:
+    return bool(entry['chunked_value'])
+  return bool(entry.get('value', True))
+
+
+def host_per_sequence_s(preset):
+  """Seconds of host time per running sequence per iteration that the
+  GPU step waits for (the preset's ``host_per_sequence_s``, 0 when absent:
+  a framework whose host work keeps up with the GPU).
+
+  Raises:
+    ConfigError: the preset states the term without a value (run
+      ``python -m calculon.validation.host_share`` to derive it).
+  """
+  entry = preset.get('host_per_sequence_s')
+  if entry is None:
+    return 0.0
+  if entry.get('value') is None:
+    from calculon.errors import ConfigError
+    raise ConfigError(f"frameworks/serving/{preset['name']}.json: field "
+                      "'host_per_sequence_s' has no value: derive it with "
+                      'python -m calculon.validation.host_share',
+                      field='host_per_sequence_s')
+  return float(entry['value'])
 
 
 def _tau(app, system, w, isl, dtype, group, eff=1.0):
@@ -296,7 +333,8 @@ def _aggregated(app, system, dep, w, run, t_dec_of, chunked, mixed,
     return np.asarray(c) * tau + parts['kv'] / eff
 
   out = batching.closed_loop(run, isl, osl, t_dec, tau, q, mixed, group,
-                             overhead, t_dec_of, t_ride_of)
+                             overhead, t_dec_of, t_ride_of,
+                             host_per_sequence_s(dep.preset))
   out['steady'] = {'run': run, 'isl': isl, 'osl': osl, 't_dec': t_dec,
                    'tau': tau, 'q': q, 'mixed': mixed,
                    't_dec_of': t_dec_of, 't_ride_of': t_ride_of}
@@ -328,8 +366,9 @@ def _disaggregated(app, system, dep, w, mem, concurrency, t_dec_of,
                                   tier)
   running = per_dec * y * dep.attention_dp
   overhead = preset_value(dep.preset, 'step_overhead_s', 0.0)
+  host = overhead + host_per_sequence_s(dep.preset) * per_dec
   out = disagg.pools(running, osl, t_pass + overhead, group, x,
-                     y * dep.attention_dp, t_dec_of(per_dec) + overhead,
+                     y * dep.attention_dp, t_dec_of(per_dec) + host,
                      transfer)
   out['gpus'] = x * p_gpus + y * d_gpus
   return out, running

@@ -122,16 +122,29 @@ def model_key(name):
   return MODELS.get(m)
 
 
-def framework_key(text):
-  """'trtllm', 'vllm' or 'sglang' for a row's framework text (its
-  name anywhere in it: 'TensorRT-LLM 0.17', 'vllm-rocm', 'SGLang v0.4'),
-  or None."""
+def framework_key(text, notes=''):
+  """'trtllm', 'vllm', 'vllm-v0.5' or 'sglang' for a row's framework text
+  (its name anywhere in it: 'TensorRT-LLM 0.17', 'vllm-rocm', 'SGLang
+  v0.4'), or None.  A vLLM before 0.6, by the version in the text or else
+  the first vLLM version the notes name ('vLLM v0.5.4'), is 'vllm-v0.5':
+  v0.6.0 rebuilt the engine's host side (blog.vllm.ai/2024/09/05/
+  perf-update.html)."""
   t = (text or '').lower()
   for key, names in (('vllm', ('vllm',)), ('sglang', ('sglang',)),
                      ('trtllm', ('trtllm', 'tensorrt', 'trt-llm'))):
     if any(n in t for n in names):
+      if key == 'vllm':
+        version = VLLM_VERSION.search(t) or VLLM_VERSION.search(
+          (notes or '').lower())
+        if version and (int(version.group(1)),
+                        int(version.group(2))) < (0, 6):
+          return 'vllm-v0.5'
       return key
   return None
+
+
+#: A vLLM version in a row's text ('vllm 0.5.4', 'vLLM v0.6.0').
+VLLM_VERSION = re.compile(r'vllm[\s-]*v?(\d+)\.(\d+)')
 #: GPU name fragment (lower case, first match wins) -> system file.
 SYSTEMS = (
   ('gb300', 'gb300_nvl72_datasheet'), ('gb200', 'gb200_nvl72_datasheet'),
@@ -256,7 +269,11 @@ def deployment_of(row, base_dir):
       assumptions.append(f'ShareGPT lengths: isl {isl}, osl {osl}')
     else:
       return f"lengths isl '{row['isl']}', osl '{row['osl']}' not known"
-  fw = framework_key(row['framework']) if row['framework'] else 'trtllm'
+  fw = framework_key(row['framework'], notes) if row['framework'] else \
+    'trtllm'
+  if fw == 'vllm-v0.5':
+    assumptions.append('vLLM before 0.6: the vllm-v0.5 preset (host work '
+                       'between GPU steps)')
   if fw is None:
     assumptions.append(f'framework {row["framework"]!r} priced as trtllm')
     fw = 'trtllm'

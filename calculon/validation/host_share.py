@@ -1,0 +1,134 @@
+"""Derive a serving preset's host time per sequence from a profiled GPU
+busy share.
+
+Provides :func:`busy_share` (the share of a benchmark's makespan the GPU
+works, as the engine prices it) and :func:`derive` (the
+``host_per_sequence_s`` at which that share equals a profiled one).
+
+The one use today: vLLM v0.5 (``frameworks/serving/vllm-v0.5.json``).
+The vLLM team profiled v0.5.3 serving Llama 3 8B on one H100 and found
+the GPU executing 38 % of the time, the HTTP API server taking 33 % and
+scheduling and input preparation 29 % (blog.vllm.ai/2024/09/05/
+perf-update.html, 'Performance Diagnosis'; the workload of the post's
+benchmarks: 500 ShareGPT prompts).  In v0.5 that host work ran in the
+engine's process between GPU steps and grows with the running
+sequences, so the preset prices it as a time per running sequence of
+every iteration, serialized with the step; this module finds the value
+that reproduces the profile.  It is derived from the profile, not fitted
+to any measured run.
+
+Run: ``python -m calculon.validation.host_share [--busy 0.38]`` prints
+the value and the share it gives.
+
+Reads: the bundled model and system files, the serving engine
+(:func:`calculon.serving.price.price`).
+"""
+
+import argparse
+import copy
+import os
+import sys
+
+import numpy as np
+
+#: The profiled workload (blog.vllm.ai/2024/09/05/perf-update.html):
+#: Llama 3 8B, bfloat16, one H100 SXM, 500 ShareGPT prompts sent at once
+#: (the mean ShareGPT lengths of :data:`calculon.validation.serving.
+#: SHAREGPT`, exponential output lengths), the framework's defaults.
+PROFILE = {
+  'model': 'models/llama3-8B.json',
+  'system': 'systems/h100_sxm_80g_datasheet.json',
+  'deployment': {'framework': 'vllm-v0.5', 'tensor_par': 1,
+                 'weight_datatype': 'bfloat16', 'num_requests': 500,
+                 'variable_lengths': True},
+}
+#: GPU busy share of the profile: 1 - 0.33 (API server) - 0.29
+#: (scheduling).
+PROFILED_BUSY = 0.38
+
+
+def _root():
+  return os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+
+def _load(profile):
+  from calculon import io
+  from calculon.serving import deployment as D
+  from calculon.validation.serving import SHAREGPT
+  root = _root()
+  app = io.load_application(os.path.join(root, profile['model']))
+  system = io.load_system(os.path.join(root, profile['system']))
+  fields = dict(profile['deployment'])
+  fields.setdefault('isl', SHAREGPT[0])
+  fields.setdefault('osl', SHAREGPT[1])
+  dep = D.resolve(D.read_deployment(fields, '<host_share>'), app, system,
+                  '<host_share>')
+  return app, system, dep
+
+
+def _with(dep, step_overhead_s, host_per_sequence_s):
+  d = copy.copy(dep)
+  preset = copy.deepcopy(dep.preset)
+  preset['step_overhead_s'] = {'value': step_overhead_s}
+  preset['host_per_sequence_s'] = {'value': host_per_sequence_s}
+  d.preset = preset
+  return d
+
+
+def busy_share(host_per_sequence_s, profile=PROFILE):
+  """GPU busy share of ``profile``'s benchmark: the makespan with no host
+  time over the makespan with the preset's ``step_overhead_s`` and
+  ``host_per_sequence_s`` (seconds per running sequence per iteration).
+  A float in (0, 1]."""
+  from calculon.serving.price import price, preset_value
+  app, system, dep = _load(profile)
+  gpu = price(app, system, _with(dep, 0.0, 0.0))['makespan_ms']
+  step = preset_value(dep.preset, 'step_overhead_s', 0.0)
+  total = price(app, system, _with(dep, step, host_per_sequence_s))
+  return float(np.ravel(np.asarray(gpu) / np.asarray(total['makespan_ms']))[0])
+
+
+def derive(busy=PROFILED_BUSY, profile=PROFILE, hi_s=1e-3, steps=60):
+  """The ``host_per_sequence_s`` (seconds) at which
+  :func:`busy_share` equals ``busy``, by bisection on [0, hi_s].
+
+  Raises:
+    ValueError: ``busy`` is not reached inside [0, hi_s] (the step
+      overhead alone already idles the GPU more, or hi_s is too small).
+  """
+  lo, hi = 0.0, hi_s
+  if not busy_share(hi, profile) <= busy <= busy_share(lo, profile):
+    raise ValueError(f'a GPU busy share of {busy} is not reached for a '
+                     f'host time per sequence in [0, {hi_s}] s')
+  for _ in range(steps):
+    mid = 0.5 * (lo + hi)
+    if busy_share(mid, profile) > busy:
+      lo = mid
+    else:
+      hi = mid
+  return 0.5 * (lo + hi)
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(
+    prog='python -m calculon.validation.host_share',
+    description='host time per running sequence (vLLM v0.5) from a '
+                'profiled GPU busy share')
+  ap.add_argument('--busy', type=float, default=PROFILED_BUSY,
+                  help='profiled GPU busy share (default: 0.38, the vLLM '
+                       "team's profile of v0.5.3)")
+  args = ap.parse_args(argv)
+  if not 0 < args.busy < 1:
+    print(f'--busy {args.busy} is not allowed: a share in (0, 1)',
+          file=sys.stderr)
+    return 2
+  h = derive(args.busy)
+  print(f'host_per_sequence_s = {h:.3e} s ({h * 1e6:.1f} us per running '
+        f'sequence per iteration): GPU busy {busy_share(h):.3f}; '
+        f'{busy_share(0.0):.3f} without it')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
