@@ -473,7 +473,9 @@ def test_serving_suite_prices_rows_from_unseen_sources(tmp_path):
                                   'llama3-8B'),
   ('Llama-2-70b-chat-hf', 'llama2-70B'), ('llama2-13b', 'llama2-13B'),
   ('Mixtral_8x22B', 'mixtral-8x22B'), ('DeepSeek-R1-FP8', 'deepseek-v3'),
-  ('Unknown-1B', None)])
+  ('mistralai/Mixtral-8x7B-Instruct-v0.1', 'mixtral-8x7B'),
+  ('Mistral-7B-Instruct-v0.3', 'mistral-7B'),
+  ('DeepSeek-V3-0324', 'deepseek-v3'), ('Unknown-1B', None)])
 def test_model_names_fold_to_bundled_files(name, key):
   from calculon.validation.serving import model_key
   assert model_key(name) == key
@@ -486,6 +488,29 @@ def test_metric_names_fold_to_kinds():
   assert metric_kind('inter_token_latency_ms') == 'tpot'
   assert metric_kind('samples/s') == 'throughput'
   assert metric_kind('tokens/s/GPU') == 'throughput'
+  # A leading statistic word: 'median TTFT (ms)', 'mean TPOT ms'.
+  assert metric_kind('median TTFT (ms)') == 'ttft'
+  assert metric_kind('Mean ITL') == 'tpot'
+  assert metric_kind('P99 TPOT (ms)') == 'tpot'
+  assert metric_kind('median prompt length') is None
+
+
+def test_statistic_first_metrics_are_priced_as_their_kind():
+  """'mean ITL (ms)' is the ITL (bursts of scheduler steps), 'median
+  TTFT (s)' in seconds, a p99 flagged as compared with the mean."""
+  from calculon.validation.serving import deployment_of, predicted
+  res = {'ttft_ms': np.array([250.0]), 'itl_ms': np.array([40.0]),
+         'tpot_ms': np.array([10.0])}
+  assert predicted(res, {'metric': 'mean ITL (ms)'}, 'tpot', 1) == 40.0
+  assert predicted(res, {'metric': 'median TTFT (s)'}, 'ttft', 1) == 0.25
+  row = dict(id='p1', source='s', model='Llama 3.1 8B', params_b='8',
+             num_experts='', active_params_b='8', gpu='H100 SXM',
+             num_gpus='1', tp='1', pp='1', ep='', precision='BF16',
+             framework='vllm', isl='1024', osl='128',
+             concurrency_or_rate='concurrency 8', metric='P99 TPOT (ms)',
+             value='12', notes='')
+  out = deployment_of(row, repo())
+  assert any('p99 compared with' in a for a in out[3])
 
 
 def test_piggybacked_decodes_share_the_prefill_gemms():

@@ -119,6 +119,10 @@ def model_key(name):
     for suffix in _VARIANTS:
       if m.endswith(suffix):
         m, changed = m[:-len(suffix)], True
+    # A checkpoint's version or release date: '-v0.1', '-v0.3', '-2407'.
+    short = re.sub(r'-(v\d+(\.\d+)*|\d{4})$', '', m)
+    if short != m and not changed:
+      m, changed = short, True
   return MODELS.get(m)
 
 
@@ -204,9 +208,27 @@ def read_runs(paths):
   return rows
 
 
+#: Statistic words a metric name may open with ('median TTFT (ms)',
+#: 'mean_tpot_ms', 'P99 ITL'); the suite compares every statistic with
+#: the model's steady-state figure.
+_STATISTICS = ('mean', 'median', 'avg', 'average', 'p50', 'p90', 'p95',
+               'p99', 'p99.9')
+
+
+def metric_text(metric):
+  """A metric name folded for matching: lower case, spaces, slashes,
+  hyphens and brackets as underscores, a leading statistic word moved
+  to the end ('median TTFT (ms)' -> 'ttft_ms_median')."""
+  m = re.sub(r'[\s/\-()]+', '_', metric.lower()).strip('_')
+  head, _, rest = m.partition('_')
+  if head in _STATISTICS and rest:
+    m = f'{rest}_{head}'
+  return m
+
+
 def metric_kind(metric):
   """'throughput', 'tpot' or 'ttft' for a metric name, or None."""
-  m = re.sub(r'[\s/\-()]+', '_', metric.lower())
+  m = metric_text(metric)
   if m.startswith(('ttft', 'prompt_time', 'time_to_first_token',
                    'first_token')):
     return 'ttft'
@@ -257,6 +279,10 @@ def deployment_of(row, base_dir):
     return f"no system file for GPU '{row['gpu']}'"
   notes = row.get('notes') or ''
   assumptions = []
+  tail = re.search(r'(^|_)(p9\d(\.\d)?)($|_)', metric_text(row['metric']))
+  if tail and kind != 'throughput':
+    assumptions.append(f'the {tail.group(2)} compared with the model\'s '
+                       'steady-state mean (the model prices no tail)')
   if re.search(r'pcie|\bnvl\b|\b40\s*gb', gpu):
     assumptions.append(f"GPU '{row['gpu']}' priced as {system}.json (no "
                        'file of that variant)')
@@ -447,7 +473,7 @@ def _finite(load, row):
 
 def predicted(res, row, kind, replicas):
   """The model's figure for the row's metric."""
-  m = re.sub(r'[\s/\-()]+', '_', row['metric'].lower())
+  m = metric_text(row['metric'])
   # Latencies in ms unless the metric names seconds ('ttft_s').
   to_unit = 1e-3 if re.search(r'_s(_|$)', m) and '_ms' not in m else 1.0
   if kind == 'ttft':
