@@ -668,3 +668,27 @@ def test_vllm_v05_mixes_only_with_chunked_prefill():
   assert not mixes(p) and mixes(p, chunked=True)
   assert mixes(frameworks.load('vllm')) and not mixes(
     frameworks.load('sglang'))
+
+
+@pytest.mark.parametrize('load,field,value', [
+  ('16 concurrent requests', 'concurrency', 16),
+  ('users=64', 'concurrency', 64),
+  ('batch size 64', 'static_batch', 64),
+  ('BS=32', 'static_batch', 32),
+  ('num_prompts=1000', 'num_requests', 1000),
+  ('500 prompts', 'num_requests', 500),
+])
+def test_load_phrasings(load, field, value):
+  """Loads as other sources write them; a batch size is a static batch,
+  prompts without a rate are sent at once (vLLM's and SGLang's serving
+  benchmarks default to an infinite request rate)."""
+  from calculon.validation.serving import deployment_of
+  row = dict(id='l1', source='s', model='Llama 3.1 8B', params_b='8',
+             num_experts='', active_params_b='8', gpu='H100 SXM',
+             num_gpus='1', tp='1', pp='1', ep='', precision='BF16',
+             framework='vllm', isl='1024', osl='128',
+             concurrency_or_rate=load, metric='output tokens/sec',
+             value='1000', notes='')
+  out = deployment_of(row, repo())
+  assert not isinstance(out, str), out
+  assert out[2][field] == value

@@ -235,8 +235,8 @@ def metric_kind(metric):
   if m.startswith(('tpot', 'itl', 'token_time', 'inter_token',
                    'time_per_output_token', 'tbt')):
     return 'tpot'
-  if re.search(r'(tokens|tok|samples|queries|requests)_(per_)?s(_|$)|qps',
-               m):
+  if re.search(r'(tokens|tok|samples|queries|requests)_(per_)?(s|sec)'
+               r'(_|$)|qps', m):
     return 'throughput'
   return None
 
@@ -283,7 +283,7 @@ def deployment_of(row, base_dir):
   if tail and kind != 'throughput':
     assumptions.append(f'the {tail.group(2)} compared with the model\'s '
                        'steady-state mean (the model prices no tail)')
-  if re.search(r'pcie|\bnvl\b|\b40\s*gb', gpu):
+  if re.search(r'pcie|\bnvl\b|\b40\s*gb|gh200', gpu):
     assumptions.append(f"GPU '{row['gpu']}' priced as {system}.json (no "
                        'file of that variant)')
   isl, osl = _int(row['isl']), _int(row['osl'])
@@ -351,8 +351,14 @@ def deployment_of(row, base_dir):
     assumptions.append(f'vLLM multi-step scheduling: {m_steps.group(1)} '
                        'steps a round (ITL = the gap between bursts)')
   load = row['concurrency_or_rate'].strip().lower()
-  m_conc = re.search(r'concurrency\s*[=:]?\s*(\d+)', load)
+  m_conc = re.search(r'(?:concurrency|users|clients)\s*[=:]?\s*(\d+)',
+                     load) or re.search(
+    r'(\d+)\s*(?:concurrent|parallel|simultaneous)?\s*(?:users|clients|'
+    r'concurrent requests|concurrent)\b', load)
   m_static = re.match(r'static batch\s*[=:]?\s*(\d+)', load)
+  m_batch = re.match(r'(?:batch(?:[ _]size)?|bs)\s*[=:]?\s*(\d+)$', load)
+  m_prompts = re.match(r'(?:num[_ -]prompts\s*[=:]?\s*(\d+)|(\d+) '
+                       r'(?:prompts|requests))$', load)
   m_rate = re.search(r'(?:request[_ ]rate|qps)\s*[=:]?\s*([\d.]+)', load) \
     or re.search(r'([\d.]+)\s*(?:req(?:uests)?|queries|qps)\s*/\s*s', load)
   m_silicon = re.search(r'silicon_concurrency=(\d+)', notes)
@@ -364,6 +370,10 @@ def deployment_of(row, base_dir):
                          f"{f['concurrency']} (the whole deployment)")
   elif m_static:
     f['static_batch'] = int(m_static.group(1))
+  elif m_batch:
+    f['static_batch'] = int(m_batch.group(1))
+    assumptions.append(f"'{row['concurrency_or_rate']}' read as a static "
+                       'batch (a latency benchmark of one batch)')
   elif m_rate:
     f['request_rate'] = float(m_rate.group(1))
   elif _finite(load, row) is not None:
@@ -374,6 +384,14 @@ def deployment_of(row, base_dir):
       f"{f['num_requests']} requests at once: the drain of the batch "
       '(output tokens / makespan)' +
       (', exponential output lengths' if variable else ''))
+  elif m_prompts:
+    f['num_requests'] = int(m_prompts.group(1) or m_prompts.group(2))
+    if variable:
+      f['variable_lengths'] = True
+    assumptions.append(
+      f"{f['num_requests']} requests, no rate stated: sent at once (the "
+      'request rate of vLLM\'s and SGLang\'s serving benchmarks defaults '
+      'to inf), the drain of the batch')
   elif re.search(r'\b(server|interactive)\b', load):
     text = ' '.join((load, row['model'], row.get('source') or '', notes))
     interactive = re.search(r'interactive', text, re.I) is not None
@@ -486,7 +504,7 @@ def predicted(res, row, kind, replicas):
   scale = 1.0 / float(np.ravel(res['gpus'])[0]) if per_gpu else replicas
   out = float(np.ravel(res['output_tokens_per_s'])[0])
   inp = float(np.ravel(res['input_tokens_per_s'])[0])
-  if re.search(r'(samples|queries|requests)_(per_)?s(_|$)|qps', m):
+  if re.search(r'(samples|queries|requests)_(per_)?(s|sec)(_|$)|qps', m):
     return float(np.ravel(res['requests_per_s'])[0]) * scale
   if 'input' in m or 'prompt' in m:
     return inp * scale
