@@ -649,7 +649,9 @@ def test_vllm_v05_throughput_against_v06_claim():
   ('vllm', 'vLLM v0.5.4; checkpoint x', 'vllm-v0.5'),
   ('vLLM 0.4.2', '', 'vllm-v0.5'),
   ('vllm', 'SGLang v0.3.0 vs vLLM v0.6.0 (--num-scheduler-steps 10)',
-   'vllm'),
+   'vllm-v0.6'),
+  ('vLLM 0.7.3 (ROCm)', '', 'vllm-v0.6'),
+  ('vllm 0.8.5', '', 'vllm'),
   ('vllm-rocm', '', 'vllm'),
   ('sglang', 'compared with vLLM v0.5.4', 'sglang'),
 ])
@@ -692,3 +694,21 @@ def test_load_phrasings(load, field, value):
   out = deployment_of(row, repo())
   assert not isinstance(out, str), out
   assert out[2][field] == value
+
+
+def test_vllm_v06_pays_the_scheduling_share_once_a_round():
+  """vLLM 0.6 moved the API server out of the engine's process and runs
+  the scheduler once per round of --num-scheduler-steps
+  (blog.vllm.ai/2024/09/05/perf-update.html): its host time per sequence
+  is v0.5's x 29 / (33 + 29), and a round of n steps pays 1/n of it a
+  step."""
+  from calculon.serving import frameworks
+  from calculon.serving.price import host_per_sequence_s
+  v05 = frameworks.load('vllm-v0.5')
+  v06 = frameworks.load('vllm-v0.6')
+  h05 = host_per_sequence_s(v05)
+  assert host_per_sequence_s(v06) == pytest.approx(h05 * 29 / 62, rel=1e-3)
+  assert host_per_sequence_s(v06, 10) == pytest.approx(
+    host_per_sequence_s(v06) / 10)
+  assert host_per_sequence_s(v05, 10) == h05
+  assert host_per_sequence_s(frameworks.load('vllm')) == 0.0

@@ -1157,7 +1157,8 @@ def _dep(name, spec, group, doc, **kw):
 #: (``int4``: 4-bit integer weights with 16-bit activations, AWQ/GPTQ).
 SERVING_DATATYPE_BYTES = {'bfloat16': 2, 'float16': 2, 'float8': 1,
                           'float4': 0.5, 'int4': 0.5}
-SERVING_FRAMEWORK_NAMES = ('trtllm', 'vllm', 'sglang', 'vllm-v0.5')
+SERVING_FRAMEWORK_NAMES = ('trtllm', 'vllm', 'sglang', 'vllm-v0.5',
+                           'vllm-v0.6')
 SERVING_MODE_NAMES = ('aggregated', 'disaggregated')
 _DT = Spec('str', choices=tuple(SERVING_DATATYPE_BYTES))
 _ACT_DT = Spec('str', choices=('bfloat16', 'float16', 'float8', 'float4'))

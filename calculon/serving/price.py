@@ -142,7 +142,7 @@ def price(app, system, dep, concurrency=None):
               f'({dep.max_num_tokens}) without chunked prefill')
   mixed = mixes(dep.preset, bool(dep.chunked_prefill))
   overhead = preset_value(dep.preset, 'step_overhead_s', 0.0)
-  per_seq = host_per_sequence_s(dep.preset)
+  per_seq = host_per_sequence_s(dep.preset, dep.scheduler_steps)
   eff = preset_value(dep.preset, 'roofline_efficiency', 1.0)
   gpus_worker = w.tensor_par * w.pipeline_par * adp
 
@@ -281,10 +281,13 @@ def mixes(preset, chunked=False):
   return bool(entry.get('value', True))
 
 
-def host_per_sequence_s(preset):
+def host_per_sequence_s(preset, scheduler_steps=1):
   """Seconds of host time per running sequence per iteration that the
   GPU step waits for (the preset's ``host_per_sequence_s``, 0 when absent:
-  a framework whose host work keeps up with the GPU).
+  a framework whose host work keeps up with the GPU).  A value paid once
+  per scheduling round (``per_scheduling_round``: vLLM 0.6's scheduler
+  and input preparation) is spread over the round's ``scheduler_steps``
+  decode steps.
 
   Raises:
     ConfigError: the preset states the term without a value (run
@@ -299,7 +302,10 @@ def host_per_sequence_s(preset):
                       "'host_per_sequence_s' has no value: derive it with "
                       'python -m calculon.validation.host_share',
                       field='host_per_sequence_s')
-  return float(entry['value'])
+  value = float(entry['value'])
+  if entry.get('per_scheduling_round'):
+    value /= max(int(scheduler_steps or 1), 1)
+  return value
 
 
 def _tau(app, system, w, isl, dtype, group, eff=1.0):
@@ -334,7 +340,8 @@ def _aggregated(app, system, dep, w, run, t_dec_of, chunked, mixed,
 
   out = batching.closed_loop(run, isl, osl, t_dec, tau, q, mixed, group,
                              overhead, t_dec_of, t_ride_of,
-                             host_per_sequence_s(dep.preset))
+                             host_per_sequence_s(dep.preset,
+                                                 dep.scheduler_steps))
   out['steady'] = {'run': run, 'isl': isl, 'osl': osl, 't_dec': t_dec,
                    'tau': tau, 'q': q, 'mixed': mixed,
                    't_dec_of': t_dec_of, 't_ride_of': t_ride_of}
@@ -366,7 +373,8 @@ def _disaggregated(app, system, dep, w, mem, concurrency, t_dec_of,
                                   tier)
   running = per_dec * y * dep.attention_dp
   overhead = preset_value(dep.preset, 'step_overhead_s', 0.0)
-  host = overhead + host_per_sequence_s(dep.preset) * per_dec
+  host = overhead + host_per_sequence_s(dep.preset, dep.scheduler_steps) * \
+    per_dec
   out = disagg.pools(running, osl, t_pass + overhead, group, x,
                      y * dep.attention_dp, t_dec_of(per_dec) + host,
                      transfer)

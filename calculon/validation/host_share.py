@@ -5,7 +5,8 @@ Provides :func:`busy_share` (the share of a benchmark's makespan the GPU
 works, as the engine prices it) and :func:`derive` (the
 ``host_per_sequence_s`` at which that share equals a profiled one).
 
-The one use today: vLLM v0.5 (``frameworks/serving/vllm-v0.5.json``).
+The uses: vLLM v0.5 and v0.6 (``frameworks/serving/vllm-v0.5.json``,
+``vllm-v0.6.json``).
 The vLLM team profiled v0.5.3 serving Llama 3 8B on one H100 and found
 the GPU executing 38 % of the time, the HTTP API server taking 33 % and
 scheduling and input preparation 29 % (blog.vllm.ai/2024/09/05/
@@ -15,10 +16,14 @@ engine's process between GPU steps and grows with the running
 sequences, so the preset prices it as a time per running sequence of
 every iteration, serialized with the step; this module finds the value
 that reproduces the profile.  It is derived from the profile, not fitted
-to any measured run.
+to any measured run.  vLLM 0.6 moved the API server into its own
+process and runs the scheduler once per round of ``scheduler_steps``
+decode steps, so its value is the scheduling share of v0.5's,
+:data:`SCHEDULING_SHARE`, paid once a round.
 
-Run: ``python -m calculon.validation.host_share [--busy 0.38]`` prints
-the value and the share it gives.
+Run: ``python -m calculon.validation.host_share [--busy 0.38] [--write]``
+prints the values and the share they give; ``--write`` stores them in
+the two presets.
 
 Reads: the bundled model and system files, the serving engine
 (:func:`calculon.serving.price.price`).
@@ -45,6 +50,10 @@ PROFILE = {
 #: GPU busy share of the profile: 1 - 0.33 (API server) - 0.29
 #: (scheduling).
 PROFILED_BUSY = 0.38
+#: The scheduling share of the profile's host time: 29 / (33 + 29).  vLLM
+#: 0.6 keeps it in the engine's loop, once per scheduling round (its API
+#: server runs in its own process).
+SCHEDULING_SHARE = 0.29 / (0.33 + 0.29)
 
 
 def _root():
@@ -110,23 +119,47 @@ def derive(busy=PROFILED_BUSY, profile=PROFILE, hi_s=1e-3, steps=60):
   return 0.5 * (lo + hi)
 
 
+def write_presets(h_v05_s):
+  """Stores the derived values in ``frameworks/serving/vllm-v0.5.json``
+  (``h_v05_s``) and ``vllm-v0.6.json`` (its scheduling share), rounded
+  to 0.1 us."""
+  import json
+  from calculon import io
+  for name, value in (('vllm-v0.5', h_v05_s),
+                      ('vllm-v0.6', h_v05_s * SCHEDULING_SHARE)):
+    path = os.path.join(_root(), 'frameworks', 'serving', f'{name}.json')
+    with open(path, encoding='utf-8') as f:
+      preset = json.load(f)
+    preset['host_per_sequence_s']['value'] = round(value, 7)
+    io.write_json_file(preset, path)
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(
     prog='python -m calculon.validation.host_share',
-    description='host time per running sequence (vLLM v0.5) from a '
-                'profiled GPU busy share')
+    description='host time per running sequence (vLLM v0.5 and v0.6) '
+                'from a profiled GPU busy share')
   ap.add_argument('--busy', type=float, default=PROFILED_BUSY,
                   help='profiled GPU busy share (default: 0.38, the vLLM '
                        "team's profile of v0.5.3)")
+  ap.add_argument('--write', action='store_true',
+                  help='store the values in frameworks/serving/'
+                       'vllm-v0.5.json and vllm-v0.6.json')
   args = ap.parse_args(argv)
   if not 0 < args.busy < 1:
     print(f'--busy {args.busy} is not allowed: a share in (0, 1)',
           file=sys.stderr)
     return 2
   h = derive(args.busy)
-  print(f'host_per_sequence_s = {h:.3e} s ({h * 1e6:.1f} us per running '
-        f'sequence per iteration): GPU busy {busy_share(h):.3f}; '
+  print(f'vllm-v0.5 host_per_sequence_s = {h:.3e} s ({h * 1e6:.1f} us per '
+        f'running sequence per iteration): GPU busy {busy_share(h):.3f}; '
         f'{busy_share(0.0):.3f} without it')
+  print(f'vllm-v0.6 host_per_sequence_s = {h * SCHEDULING_SHARE:.3e} s '
+        f'({h * SCHEDULING_SHARE * 1e6:.1f} us per running sequence per '
+        'scheduling round)')
+  if args.write:
+    write_presets(h)
+    print('wrote frameworks/serving/vllm-v0.5.json and vllm-v0.6.json')
   return 0
 
 

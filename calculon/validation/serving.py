@@ -127,12 +127,13 @@ def model_key(name):
 
 
 def framework_key(text, notes=''):
-  """'trtllm', 'vllm', 'vllm-v0.5' or 'sglang' for a row's framework text
-  (its name anywhere in it: 'TensorRT-LLM 0.17', 'vllm-rocm', 'SGLang
-  v0.4'), or None.  A vLLM before 0.6, by the version in the text or else
-  the first vLLM version the notes name ('vLLM v0.5.4'), is 'vllm-v0.5':
-  v0.6.0 rebuilt the engine's host side (blog.vllm.ai/2024/09/05/
-  perf-update.html)."""
+  """'trtllm', 'vllm', 'vllm-v0.5', 'vllm-v0.6' or 'sglang' for a row's
+  framework text (its name anywhere in it: 'TensorRT-LLM 0.17',
+  'vllm-rocm', 'SGLang v0.4'), or None.  A vLLM by the version in the text
+  or else the first vLLM version the notes name ('vLLM v0.5.4'): before
+  0.6 'vllm-v0.5' (v0.6.0 rebuilt the engine's host side,
+  blog.vllm.ai/2024/09/05/perf-update.html), 0.6 and 0.7 'vllm-v0.6'
+  (the V0 engine, the default until 0.8.0), later or unstated 'vllm'."""
   t = (text or '').lower()
   for key, names in (('vllm', ('vllm',)), ('sglang', ('sglang',)),
                      ('trtllm', ('trtllm', 'tensorrt', 'trt-llm'))):
@@ -140,9 +141,12 @@ def framework_key(text, notes=''):
       if key == 'vllm':
         version = VLLM_VERSION.search(t) or VLLM_VERSION.search(
           (notes or '').lower())
-        if version and (int(version.group(1)),
-                        int(version.group(2))) < (0, 6):
+        v = (int(version.group(1)), int(version.group(2))) if version \
+          else None
+        if v is not None and v < (0, 6):
           return 'vllm-v0.5'
+        if v is not None and v < (0, 8):
+          return 'vllm-v0.6'
       return key
   return None
 
@@ -300,6 +304,9 @@ def deployment_of(row, base_dir):
   if fw == 'vllm-v0.5':
     assumptions.append('vLLM before 0.6: the vllm-v0.5 preset (host work '
                        'between GPU steps)')
+  if fw == 'vllm-v0.6':
+    assumptions.append('vLLM 0.6-0.7: the vllm-v0.6 preset (the V0 '
+                       'engine\'s scheduling between GPU steps)')
   if fw is None:
     assumptions.append(f'framework {row["framework"]!r} priced as trtllm')
     fw = 'trtllm'
@@ -346,7 +353,7 @@ def deployment_of(row, base_dir):
     if m and field not in f:
       f[field] = conv(m.group(1))
   m_steps = re.search(r'(?:--num-scheduler-steps|multi-step) (\d+)', notes)
-  if m_steps and fw == 'vllm' and int(m_steps.group(1)) > 1:
+  if m_steps and fw in ('vllm', 'vllm-v0.6') and int(m_steps.group(1)) > 1:
     f['scheduler_steps'] = int(m_steps.group(1))
     assumptions.append(f'vLLM multi-step scheduling: {m_steps.group(1)} '
                        'steps a round (ITL = the gap between bursts)')
