@@ -134,6 +134,9 @@ def test_serve_cli_reports_and_writes_json(tmp_path):
   (dict(isl=128, osl=128, concurrency=4, request_rate=2.0),
    ("'request_rate'",)),
   (dict(isl=128, osl=128, bogus=1), ("unknown field 'bogus'",)),
+  (dict(isl=128, osl=128, framework='vllm-v0.5', mode='disaggregated',
+        prefill_workers=1, decode_workers=1, tensor_par=8),
+   ("'mode' = \"disaggregated\"", 'runs only "aggregated"')),
 ])
 def test_serve_bad_input_one_line_exit_2(tmp_path, fields, words):
   dep = _dep(tmp_path, **fields)

@@ -111,7 +111,8 @@ def resolve(fields, app, system, source='<deployment>'):
   Raises:
     ConfigError: a degree that does not divide the model, a datatype the
       system's matrix engine has no throughput for, more sequences than
-      ``max_num_seqs`` in a static batch.
+      ``max_num_seqs`` in a static batch, a mode the framework does not
+      run.
   """
   d = dict(fields)
   preset = frameworks.load(d['framework'], source)
@@ -151,6 +152,11 @@ def resolve(fields, app, system, source='<deployment>'):
                  else prefix)
     d[prefix + 'tensor_par'], d[prefix + 'pipeline_par'] = tp, pp
     d[prefix + 'expert_par'] = ep
+  allowed_modes = frameworks.modes(preset)
+  if d['mode'] not in allowed_modes:
+    _fail(source, 'mode', f'"{d["mode"]}"', f"the {preset['name']} preset "
+          'runs only ' + ', '.join(f'"{m}"' for m in allowed_modes) + ' (' +
+          preset['modes']['source'] + ')')
   if d['mode'] == 'aggregated' and {'prefill_workers', 'decode_workers',
                                     'prefill_tensor_par'} & d['written']:
     name = sorted({'prefill_workers', 'decode_workers',

@@ -41,6 +41,13 @@ def load(name, source='<deployment>'):
     return json.load(f)
 
 
+def modes(preset):
+  """The serving modes the framework runs (the preset's ``modes``; both
+  'aggregated' and 'disaggregated' when it states none)."""
+  entry = preset.get('modes')
+  return tuple(entry['value']) if entry else ('aggregated', 'disaggregated')
+
+
 def default(preset, field, capacity_gib=80.0, tp=1, pp=1, is_a100=False):
   """The preset's default for deployment field ``field`` on a GPU of
   ``capacity_gib`` (the GPU-size branches vLLM and SGLang take; see each

@@ -22,6 +22,7 @@ import numpy as np
 
 from calculon.errors import ConfigError
 from calculon.serving import deployment as D
+from calculon.serving import frameworks
 from calculon.serving.price import price
 
 #: Concurrencies per replica the search prices (powers of two and their
@@ -127,7 +128,8 @@ def search(app, system, base, gpus, ttft_ms=None, tpot_ms=None, top=5,
     if not res['feasible']:
       continue
     consider(fields, res, conc, replicas, gpus)
-    if not disaggregated or gpus // size < 2:
+    if not disaggregated or gpus // size < 2 or \
+        'disaggregated' not in frameworks.modes(dep.preset):
       continue
     workers_total = gpus // size
     for x in range(1, workers_total):
