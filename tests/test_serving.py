@@ -715,3 +715,24 @@ def test_vllm_v06_pays_the_scheduling_share_once_a_round():
     host_per_sequence_s(v06) / 10)
   assert host_per_sequence_s(v05, 10) == h05
   assert host_per_sequence_s(frameworks.load('vllm')) == 0.0
+
+
+def test_v0_vllm_budget_follows_chunked_prefill():
+  """vLLM's V0 SchedulerConfig: max_num_batched_tokens 512 with chunked
+  prefill, max(max_model_len, 2048) without (vllm/config.py, v0.5.4 and
+  v0.6); a stated budget wins."""
+  from calculon import io
+  from calculon.serving import deployment as D
+  app = io.load_application(os.path.join(repo(), 'models/llama3-8B.json'))
+  system = io.load_system(os.path.join(
+    repo(), 'systems/h100_sxm_80g_datasheet.json'))
+
+  def budget(**kw):
+    f = dict(isl=100, osl=10, **kw)
+    return D.resolve(D.read_deployment(f, 'x'), app, system,
+                     'x').max_num_tokens
+  assert budget(framework='vllm-v0.5') == 2048
+  assert budget(framework='vllm-v0.5', chunked_prefill=True) == 512
+  assert budget(framework='vllm-v0.6', chunked_prefill=True,
+                max_num_tokens=4096) == 4096
+  assert budget(framework='vllm') == 8192

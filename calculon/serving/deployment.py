@@ -123,6 +123,11 @@ def resolve(fields, app, system, source='<deployment>'):
                'cuda_graphs', 'memory_fraction'):
     if d.get(name) is None:
       d[name] = frameworks.default(preset, name, cap_gib, is_a100=is_a100)
+  budget = preset.get('defaults', {}).get('max_num_tokens', {})
+  if d['chunked_prefill'] and 'chunked_value' in budget and \
+      fields.get('max_num_tokens') is None:
+    # The token budget a V0 vLLM takes with chunked prefill on.
+    d['max_num_tokens'] = budget['chunked_value']
   if d['activation_datatype'] is None:
     d['activation_datatype'] = 'bfloat16' if d['weight_datatype'] == \
       'int4' else d['weight_datatype']
