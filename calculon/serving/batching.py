@@ -34,6 +34,10 @@ rho)) (Kleinrock 1975, Queueing Systems vol. 1, Pollaczek-Khinchine), and
 the running batch is Little's law's C = lambda x latency (solved by
 fixed-point iteration).
 
+Every iteration adds the host's time: ``overhead_s`` and, where the
+framework's host work runs between GPU steps (vLLM before V1),
+``host_per_seq_s`` per running (decoding) sequence.
+
 A finite benchmark (:func:`drain`: N requests sent at once, the request
 rate infinite) is not a steady state: its throughput is N x osl over the
 makespan, the prefill of the first wave, the steady closed loop while
