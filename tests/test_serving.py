@@ -736,3 +736,24 @@ def test_v0_vllm_budget_follows_chunked_prefill():
   assert budget(framework='vllm-v0.6', chunked_prefill=True,
                 max_num_tokens=4096) == 4096
   assert budget(framework='vllm') == 8192
+
+
+def test_lambda_v05_v06_table_outside_the_suite():
+  """Lambda's vLLM v0.5.4 / v0.6.0 table (validation/serving_outside_suite.csv,
+  LambdaLabsML/vllm-benchmark benchmark_v0.md @0e8fc5d0; not in the
+  suite, fitted by nothing) is priced on the version presets: every row
+  priced, the median |error| of throughput and of TPOT as recorded in
+  docs/serving.md (21.6 % and 26.0 %; the 'vllm' preset gave 75 and
+  56 %), and the chunked-prefill note read (512-token budget)."""
+  from calculon.validation import serving
+  rows = serving.read_runs([os.path.join(repo(), 'validation',
+                                         'serving_outside_suite.csv')])
+  res = serving.run_suite(rows, repo())
+  assert {r['status'] for r in res} == {'priced'}
+  med = {k: float(np.median([abs(r['error_pct']) for r in res
+                             if r['kind'] == k]))
+         for k in ('throughput', 'tpot')}
+  assert med['throughput'] == pytest.approx(21.6, abs=0.5)
+  assert med['tpot'] == pytest.approx(26.0, abs=0.5)
+  fields = serving.deployment_of(rows[0], repo())[2]
+  assert fields['framework'] == 'vllm-v0.5' and fields['chunked_prefill']

@@ -18,14 +18,17 @@ Conventions (what a row leaves unstated):
   activations on GPUs without float4 GEMMs), FP8 -> float8,
   BF16/FP16 as written, 'not recorded' -> bfloat16; the KV cache in the
   activation datatype unless the notes say an FP8 KV cache;
-* framework: the row's (trtllm, vllm, sglang); unspecified -> trtllm;
+* framework: the row's (trtllm, vllm, sglang; a vLLM version before 0.6
+  in the framework text or the notes -> vllm-v0.5, 0.6-0.7 ->
+  vllm-v0.6); unspecified -> trtllm;
   TensorRT-LLM prompts longer than its 8,192-token default budget raise
   ``max_num_tokens`` to the prompt (it takes whole prompts); its preset's
   defaults for what the notes do not state
   (``max_num_tokens``, ``max_num_seqs``, memory fraction, chunked
   prefill); the notes' ``kv_cache_free_gpu_mem_fraction X``,
   ``gpu-mem-util X``, ``mem_frac X``, ``max-num-seqs N``,
-  ``max_num_tokens N`` are read;
+  ``max_num_tokens N`` and chunked prefill on or off
+  (``chunked prefill True``, ``--enable-chunked-prefill``) are read;
 * workload: 'concurrency=N' a closed loop of N users; 'static batch=B'
   a static batch; 'request_rate=R' an open loop; 'offline max-throughput',
   'request_rate=inf' the offline
@@ -352,6 +355,13 @@ def deployment_of(row, base_dir):
     m = re.search(pattern, notes, re.I)
     if m and field not in f:
       f[field] = conv(m.group(1))
+  m_chunk = re.search(r'(--no-)?enable[-_]chunked[-_]prefill|chunked[ _-]'
+                      r'prefill\s*[=:]?\s*(on|off|true|false|enabled|'
+                      r'disabled)', notes, re.I)
+  if m_chunk:
+    f['chunked_prefill'] = not m_chunk.group(1) and (
+      m_chunk.group(2) is None or m_chunk.group(2).lower() in (
+        'on', 'true', 'enabled'))
   m_steps = re.search(r'(?:--num-scheduler-steps|multi-step) (\d+)', notes)
   if m_steps and fw in ('vllm', 'vllm-v0.6') and int(m_steps.group(1)) > 1:
     f['scheduler_steps'] = int(m_steps.group(1))
