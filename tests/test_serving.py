@@ -668,7 +668,7 @@ def test_vllm_v05_mixes_only_with_chunked_prefill():
   iterations; with chunked prefill the decodes ride with the chunks
   (vllm/core/scheduler.py v0.5.4)."""
   from calculon.serving import frameworks
-  from calculon.serving.price import mixes
+  from calculon.serving.frameworks import mixes
   p = frameworks.load('vllm-v0.5')
   assert not mixes(p) and mixes(p, chunked=True)
   assert mixes(frameworks.load('vllm')) and not mixes(
@@ -706,7 +706,7 @@ def test_vllm_v06_pays_the_scheduling_share_once_a_round():
   is v0.5's x 29 / (33 + 29), and a round of n steps pays 1/n of it a
   step."""
   from calculon.serving import frameworks
-  from calculon.serving.price import host_per_sequence_s
+  from calculon.serving.frameworks import host_per_sequence_s
   v05 = frameworks.load('vllm-v0.5')
   v06 = frameworks.load('vllm-v0.6')
   h05 = host_per_sequence_s(v05)

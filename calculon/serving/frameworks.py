@@ -6,7 +6,10 @@ source}), how its memory fraction is meant (``memory_rule``: 'total' --
 vLLM's share of the whole memory for weights, activations and KV cache;
 'free_after_weights' -- TensorRT-LLM's share of the memory left after the
 weights and buffers; 'static' -- SGLang's share of the whole memory for
-weights and KV cache) and its KV block size (``kv_block_tokens``).
+weights and KV cache), its KV block size (``kv_block_tokens``), whether
+its iterations mix prefill with decodes (``mixes_prefill``), the modes it
+runs (``modes``) and the host time per running sequence it adds to a
+step (``host_per_sequence_s``).
 
 Reads: the JSON files only.
 """
@@ -46,6 +49,38 @@ def modes(preset):
   'aggregated' and 'disaggregated' when it states none)."""
   entry = preset.get('modes')
   return tuple(entry['value']) if entry else ('aggregated', 'disaggregated')
+
+
+def mixes(preset, chunked=False):
+  """Whether the framework's iterations mix prefill tokens with the
+  running decodes (the preset's ``mixes_prefill``, its ``chunked_value``
+  with chunked prefill where it has one: TensorRT-LLM's in-flight
+  batching and vLLM V1 mix; SGLang without --enable-mixed-chunk runs
+  prefill iterations alone, and vLLM v0.5 does unless chunked prefill is
+  on)."""
+  entry = preset.get('mixes_prefill') or {}
+  if chunked and 'chunked_value' in entry:
+    return bool(entry['chunked_value'])
+  return bool(entry.get('value', True))
+
+
+def host_per_sequence_s(preset, scheduler_steps=1):
+  """Seconds of host time per running sequence per iteration that the
+  GPU step waits for (the preset's ``host_per_sequence_s``, 0 when absent:
+  a framework whose host work keeps up with the GPU).  A value paid once
+  per scheduling round (``per_scheduling_round``: vLLM 0.6's scheduler
+  and input preparation) is spread over the round's ``scheduler_steps``
+  decode steps.
+
+  The value is derived by ``python -m calculon.validation.host_share``.
+  """
+  entry = preset.get('host_per_sequence_s')
+  if entry is None:
+    return 0.0
+  value = float(entry['value'])
+  if entry.get('per_scheduling_round'):
+    value /= max(int(scheduler_steps or 1), 1)
+  return value
 
 
 def default(preset, field, capacity_gib=80.0, tp=1, pp=1, is_a100=False):

@@ -140,9 +140,9 @@ def price(app, system, dep, concurrency=None):
   if not chunked and isl > dep.max_num_tokens and not reason:
     reason = (f'a prompt of {isl} tokens exceeds max_num_tokens '
               f'({dep.max_num_tokens}) without chunked prefill')
-  mixed = mixes(dep.preset, bool(dep.chunked_prefill))
+  mixed = frameworks.mixes(dep.preset, bool(dep.chunked_prefill))
   overhead = preset_value(dep.preset, 'step_overhead_s', 0.0)
-  per_seq = host_per_sequence_s(dep.preset, dep.scheduler_steps)
+  per_seq = frameworks.host_per_sequence_s(dep.preset, dep.scheduler_steps)
   eff = preset_value(dep.preset, 'roofline_efficiency', 1.0)
   gpus_worker = w.tensor_par * w.pipeline_par * adp
 
@@ -166,7 +166,7 @@ def price(app, system, dep, concurrency=None):
                 f'({int(np.min(mem["max_concurrency"])) * adp})')
   elif dep.mode == 'disaggregated':
     out, running = _disaggregated(app, system, dep, w, mem, concurrency,
-                                  t_dec_of, max_run)
+                                  t_dec_of, max_run, per_seq)
     gpus_worker = None
   elif dep.request_rate is not None:
     rate = dep.request_rate / adp
@@ -192,7 +192,7 @@ def price(app, system, dep, concurrency=None):
       cap = np.minimum(cap, np.maximum(np.ceil(dep.concurrency / adp), 1))
     run = np.minimum(N, cap)
     steady = _aggregated(app, system, dep, w, run, t_dec_of, chunked,
-                         mixed, overhead)
+                         mixed, overhead, per_seq)
     st = steady['steady']
     out = batching.drain(N, run, isl, osl, t_dec_of, st['tau'], st['q'],
                          steady, bool(dep.variable_lengths), overhead,
@@ -208,7 +208,7 @@ def price(app, system, dep, concurrency=None):
     per_rank = np.maximum(np.ceil(C / adp), 1)
     run = np.minimum(per_rank, np.maximum(max_run, 1))
     out = _aggregated(app, system, dep, w, run, t_dec_of, chunked, mixed,
-                      overhead)
+                      overhead, per_seq)
     # Users beyond what runs at once wait for a slot (Little's law).
     X = out['requests_per_s']
     cycle = per_rank / X
@@ -268,46 +268,6 @@ def preset_value(preset, name, default):
   return default if entry is None else entry['value']
 
 
-def mixes(preset, chunked=False):
-  """Whether the framework's iterations mix prefill tokens with the
-  running decodes (the preset's ``mixes_prefill``, its ``chunked_value``
-  with chunked prefill where it has one: TensorRT-LLM's in-flight
-  batching and vLLM V1 mix; SGLang without --enable-mixed-chunk runs
-  prefill iterations alone, and vLLM v0.5 does unless chunked prefill is
-  on)."""
-  entry = preset.get('mixes_prefill') or {}
-  if chunked and 'chunked_value' in entry:
-    return bool(entry['chunked_value'])
-  return bool(entry.get('value', True))
-
-
-def host_per_sequence_s(preset, scheduler_steps=1):
-  """Seconds of host time per running sequence per iteration that the
-  GPU step waits for (the preset's ``host_per_sequence_s``, 0 when absent:
-  a framework whose host work keeps up with the GPU).  A value paid once
-  per scheduling round (``per_scheduling_round``: vLLM 0.6's scheduler
-  and input preparation) is spread over the round's ``scheduler_steps``
-  decode steps.
-
-  Raises:
-    ConfigError: the preset states the term without a value (run
-      ``python -m calculon.validation.host_share`` to derive it).
-  """
-  entry = preset.get('host_per_sequence_s')
-  if entry is None:
-    return 0.0
-  if entry.get('value') is None:
-    from calculon.errors import ConfigError
-    raise ConfigError(f"frameworks/serving/{preset['name']}.json: field "
-                      "'host_per_sequence_s' has no value: derive it with "
-                      'python -m calculon.validation.host_share',
-                      field='host_per_sequence_s')
-  value = float(entry['value'])
-  if entry.get('per_scheduling_round'):
-    value /= max(int(scheduler_steps or 1), 1)
-  return value
-
-
 def _tau(app, system, w, isl, dtype, group, eff=1.0):
   """Seconds of prefill per prompt token, from a pass of ``group``
   prompts."""
@@ -317,7 +277,7 @@ def _tau(app, system, w, isl, dtype, group, eff=1.0):
 
 
 def _aggregated(app, system, dep, w, run, t_dec_of, chunked, mixed,
-                overhead):
+                overhead, per_seq):
   isl, osl = dep.isl, dep.osl
   q = batching.prefill_tokens_per_iteration(run, isl, dep.max_num_tokens,
                                             chunked, mixed,
@@ -339,9 +299,7 @@ def _aggregated(app, system, dep, w, run, t_dec_of, chunked, mixed,
     return np.asarray(c) * tau + parts['kv'] / eff
 
   out = batching.closed_loop(run, isl, osl, t_dec, tau, q, mixed, group,
-                             overhead, t_dec_of, t_ride_of,
-                             host_per_sequence_s(dep.preset,
-                                                 dep.scheduler_steps))
+                             overhead, t_dec_of, t_ride_of, per_seq)
   out['steady'] = {'run': run, 'isl': isl, 'osl': osl, 't_dec': t_dec,
                    'tau': tau, 'q': q, 'mixed': mixed,
                    't_dec_of': t_dec_of, 't_ride_of': t_ride_of}
@@ -349,7 +307,7 @@ def _aggregated(app, system, dep, w, run, t_dec_of, chunked, mixed,
 
 
 def _disaggregated(app, system, dep, w, mem, concurrency, t_dec_of,
-                   max_run):
+                   max_run, per_seq):
   isl, osl = dep.isl, dep.osl
   pw = worker(dep, 'prefill_')
   x, y = dep.prefill_workers, dep.decode_workers
@@ -373,8 +331,7 @@ def _disaggregated(app, system, dep, w, mem, concurrency, t_dec_of,
                                   tier)
   running = per_dec * y * dep.attention_dp
   overhead = preset_value(dep.preset, 'step_overhead_s', 0.0)
-  host = overhead + host_per_sequence_s(dep.preset, dep.scheduler_steps) * \
-    per_dec
+  host = overhead + per_seq * per_dec
   out = disagg.pools(running, osl, t_pass + overhead, group, x,
                      y * dep.attention_dp, t_dec_of(per_dec) + host,
                      transfer)
