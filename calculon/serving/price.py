@@ -178,13 +178,21 @@ def price(app, system, dep, concurrency=None):
     out = batching.open_loop(rate, isl, osl, t_dec_of, tau, q, mixed,
                              np.maximum(max_run, 1), overhead,
                              host_per_seq_s=per_seq)
+    # A queue is stable only below its greatest service rate (Kleinrock
+    # 1975, Queueing Systems vol. 1, section 2.1): what the deployment
+    # serves with a backlog (the offline figure).
+    saturated = _aggregated(app, system, dep, w, np.maximum(max_run, 1),
+                            t_dec_of, chunked, mixed, overhead, per_seq,
+                            backlog=True)['requests_per_s']
+    out['overloaded'] = out['overloaded'] | (rate > saturated)
     out['requests_per_s'] = out['requests_per_s'] * adp
     out['output_tokens_per_s'] = out['output_tokens_per_s'] * adp
     running = out['concurrency'] * adp
     if np.any(out['overloaded']) and not reason:
       reason = (f'the request rate {dep.request_rate}/s exceeds what the '
-                'deployment serves (prefill share or running sequences '
-                'beyond the limits)')
+                'deployment serves (prefill share, running sequences or '
+                'the rate beyond what it serves with a backlog, '
+                f'{float(np.min(saturated)) * adp:.4g}/s)')
   elif dep.num_requests is not None:
     N = np.maximum(np.ceil(dep.num_requests / adp), 1)
     cap = np.maximum(max_run, 1)
@@ -192,23 +200,25 @@ def price(app, system, dep, concurrency=None):
       cap = np.minimum(cap, np.maximum(np.ceil(dep.concurrency / adp), 1))
     run = np.minimum(N, cap)
     steady = _aggregated(app, system, dep, w, run, t_dec_of, chunked,
-                         mixed, overhead, per_seq)
+                         mixed, overhead, per_seq, backlog=True)
     st = steady['steady']
     out = batching.drain(N, run, isl, osl, t_dec_of, st['tau'], st['q'],
                          steady, bool(dep.variable_lengths), overhead,
                          per_seq)
+    out['steady'] = st
     out['requests_per_s'] = out['requests_per_s'] * adp
     out['output_tokens_per_s'] = out['output_tokens_per_s'] * adp
     running = run * adp
   else:
     C = concurrency if concurrency is not None else dep.concurrency
-    if C is None:
+    offline = C is None
+    if offline:
       C = np.maximum(max_run, 1) * adp
     C = np.asarray(C, float)
     per_rank = np.maximum(np.ceil(C / adp), 1)
     run = np.minimum(per_rank, np.maximum(max_run, 1))
     out = _aggregated(app, system, dep, w, run, t_dec_of, chunked, mixed,
-                      overhead, per_seq)
+                      overhead, per_seq, backlog=offline)
     # Users beyond what runs at once wait for a slot (Little's law).
     X = out['requests_per_s']
     cycle = per_rank / X
@@ -277,7 +287,26 @@ def _tau(app, system, w, isl, dtype, group, eff=1.0):
 
 
 def _aggregated(app, system, dep, w, run, t_dec_of, chunked, mixed,
-                overhead, per_seq):
+                overhead, per_seq, backlog=False):
+  """Continuous batching's closed loop at ``run`` running sequences per
+  rank (:func:`calculon.serving.batching.closed_loop`).
+
+  ``backlog``: requests wait in the engine's queue (offline max
+  throughput, a finite benchmark sent at once), so every slot that frees
+  is refilled in the next iteration and each prefill iteration takes as
+  many whole waiting prompts as its token budget holds: the prompts
+  that arrive together are floor(q / isl) (at least 1), whatever the
+  preset's ``arrival_burst`` (the share of a closed loop's *clients*
+  that arrive together).  With variable (exponential) output
+  lengths the running sequences finish one by one, about run / osl per
+  step, so a prefill iteration takes the ceil(run / osl) freed since the
+  last (at most the budget's floor(q / isl)).  The schedulers admit
+  waiting prompts while the budget allows: vLLM
+  ``Scheduler._schedule_prefills`` (vllm/core/scheduler.py, the V0 engine) and ``Scheduler.schedule``
+  (vllm/v1/core/sched/scheduler.py, V1); TensorRT-LLM
+  ``MicroBatchScheduler`` (cpp/tensorrt_llm/batch_manager/
+  microBatchScheduler.cpp), up to ``max_num_tokens``.
+  """
   isl, osl = dep.isl, dep.osl
   q = batching.prefill_tokens_per_iteration(run, isl, dep.max_num_tokens,
                                             chunked, mixed,
@@ -288,6 +317,10 @@ def _aggregated(app, system, dep, w, run, t_dec_of, chunked, mixed,
              np.minimum(per_pass, np.maximum(np.floor(q / isl), 1)), eff)
   burst = preset_value(dep.preset, 'arrival_burst', 0.0)
   group = np.clip(np.round(burst * run), 1, run)
+  if backlog:
+    group = np.clip(np.floor(q / isl), 1, run)
+    if dep.variable_lengths:
+      group = np.clip(np.minimum(np.ceil(run / max(osl, 1)), group), 1, run)
   t_dec = t_dec_of(run)
 
   def t_ride_of(c):
@@ -301,7 +334,7 @@ def _aggregated(app, system, dep, w, run, t_dec_of, chunked, mixed,
   out = batching.closed_loop(run, isl, osl, t_dec, tau, q, mixed, group,
                              overhead, t_dec_of, t_ride_of, per_seq)
   out['steady'] = {'run': run, 'isl': isl, 'osl': osl, 't_dec': t_dec,
-                   'tau': tau, 'q': q, 'mixed': mixed,
+                   'tau': tau, 'q': q, 'mixed': mixed, 'group': group,
                    't_dec_of': t_dec_of, 't_ride_of': t_ride_of}
   return out
 

@@ -131,7 +131,8 @@ def write_presets(h_v05_s):
     with open(path, encoding='utf-8') as f:
       preset = json.load(f)
     preset['host_per_sequence_s']['value'] = round(value, 7)
-    io.write_json_file(preset, path)
+    from calculon import outputs
+    outputs.write_text(path, io.json_text(preset, path) + '\n')
 
 
 def main(argv=None):
