@@ -61,8 +61,13 @@ Conventions (what a row leaves unstated):
 * statistic: mean, median or unstated are all compared with the model's
   steady-state figure (the model has no distribution);
 * metric kind: throughput (total_output_tokens_per_s, output_tokens_per_s:
-  the whole deployment; output_tokens_per_s_per_gpu), TPOT/ITL (tpot_*,
-  itl_*, token_time_ms), TTFT (ttft_*, prompt_time_ms).
+  the whole deployment; output_tokens_per_s_per_gpu; '.../user' the
+  rate one user sees, 1 / TPOT; requests, queries or samples per second;
+  'total token throughput' input plus output), TPOT/ITL (tpot_*, itl_*,
+  token_time_ms), TTFT (ttft_*, prompt_time_ms), latency (a request's
+  end to end: 'E2E latency', 'e2el', 'request latency', 'average
+  latency', the model's TTFT + (osl - 1) TPOT; ms unless seconds are
+  named).
 
 No row of this suite is fitted: the suite prices with the datasheet
 files and the presets' values, whose three fitted parameters per
@@ -181,7 +186,7 @@ SERVER_TARGETS_MS = {
 #: (TTFT ms or None, TPOT ms or None): the row is priced at the highest
 #: request rate that meets them (:func:`run_suite`).
 SERVER_KEY = 'server_targets_ms'
-KINDS = ('throughput', 'tpot', 'ttft')
+KINDS = ('throughput', 'tpot', 'ttft', 'latency')
 COLUMNS = ('id', 'source', 'model', 'gpu', 'num_gpus', 'tp', 'pp', 'ep',
            'precision', 'framework', 'isl', 'osl', 'concurrency_or_rate',
            'metric', 'value', 'notes')
@@ -233,8 +238,19 @@ def metric_text(metric):
   return m
 
 
+#: A throughput's unit in a folded metric name: tokens, samples, queries
+#: or requests per second ('tok/s', 'token/s', 'req/s', 'tokens/sec'),
+#: 'qps', 'tps' ('TPS/user').
+_RATE = (r'(tokens|token|tok|samples|queries|requests|req)_(per_)?'
+         r'(s|sec|second)(_|$)|qps|(^|_)tps(_|$)')
+#: Requests (not tokens) per second.
+_REQUEST_RATE = r'(samples|queries|requests|req)_(per_)?(s|sec|second)(_|$)|qps'
+
+
 def metric_kind(metric):
-  """'throughput', 'tpot' or 'ttft' for a metric name, or None."""
+  """'throughput', 'tpot', 'ttft' or 'latency' (a request's end-to-end
+  latency: 'E2E latency', 'e2el', 'request latency', 'average latency
+  (s)') for a metric name, or None."""
   m = metric_text(metric)
   if m.startswith(('ttft', 'prompt_time', 'time_to_first_token',
                    'first_token')):
@@ -242,9 +258,10 @@ def metric_kind(metric):
   if m.startswith(('tpot', 'itl', 'token_time', 'inter_token',
                    'time_per_output_token', 'tbt')):
     return 'tpot'
-  if re.search(r'(tokens|tok|samples|queries|requests)_(per_)?(s|sec)'
-               r'(_|$)|qps', m):
+  if re.search(_RATE, m):
     return 'throughput'
+  if re.match(r'(e2el?|end_to_end|request|req)?_?latency|e2el(_|$)', m):
+    return 'latency'
   return None
 
 
@@ -509,23 +526,29 @@ def _finite(load, row):
 def predicted(res, row, kind, replicas):
   """The model's figure for the row's metric."""
   m = metric_text(row['metric'])
-  # Latencies in ms unless the metric names seconds ('ttft_s').
-  to_unit = 1e-3 if re.search(r'_s(_|$)', m) and '_ms' not in m else 1.0
+  # Latencies in ms unless the metric names seconds ('ttft_s',
+  # 'latency in seconds').
+  to_unit = 1e-3 if re.search(r'_(s|sec|secs|seconds?)(_|$)', m) and \
+    '_ms' not in m else 1.0
   if kind == 'ttft':
     return float(np.ravel(res['ttft_ms'])[0]) * to_unit
   if kind == 'tpot' and m.startswith('itl'):
     return float(np.ravel(res['itl_ms'])[0]) * to_unit
   if kind == 'tpot':
     return float(np.ravel(res['tpot_ms'])[0]) * to_unit
+  if kind == 'latency':
+    return float(np.ravel(res['latency_ms'])[0]) * to_unit
+  if re.search(r'(^|_)user(_|$)', m):
+    return float(np.ravel(res['output_tokens_per_s_per_user'])[0])
   per_gpu = re.search(r'(^|_)gpu(_|$)', m) is not None
   scale = 1.0 / float(np.ravel(res['gpus'])[0]) if per_gpu else replicas
   out = float(np.ravel(res['output_tokens_per_s'])[0])
   inp = float(np.ravel(res['input_tokens_per_s'])[0])
-  if re.search(r'(samples|queries|requests)_(per_)?(s|sec)(_|$)|qps', m):
+  if re.search(_REQUEST_RATE, m):
     return float(np.ravel(res['requests_per_s'])[0]) * scale
   if 'input' in m or 'prompt' in m:
     return inp * scale
-  if 'total_tokens' in m or 'in_out' in m:
+  if 'total_token' in m or 'in_out' in m:
     return (inp + out) * scale
   if per_gpu:
     return float(np.ravel(res['output_tokens_per_s_per_gpu'])[0])
