@@ -75,6 +75,13 @@ PUBLISHED = [
    'arXiv:2505.09388 Sec. 2: 235B total parameters'),
   ('deepseek-v3', 671e9, None, 0.005,
    'arXiv:2412.19437 Sec. 4.2: 671B total parameters'),
+  ('qwen3-8B', 8.2e9, None, 0.005,
+   'Hugging Face Qwen/Qwen3-8B model card: 8.2B parameters'),
+  ('gpt-oss-20b', 20.91e9, None, 0.005,
+   'arXiv:2508.10925 Table 1: gpt-oss-20b 20.91B total parameters'),
+  ('falcon-180B', 180e9, None, 0.01,
+   'arXiv:2311.16867: Falcon-180B, 180B parameters (two digits: 178.6B '
+   'counted with the tied embedding)'),
   ('deepseek-v2', 236e9, 21e9, 0.02,
    'arXiv:2405.04434 Sec. 3.1.2: 236B total parameters, 21B activated '
    '(two digits: 21.4B counted)'),
@@ -106,6 +113,18 @@ def test_qwen_non_embedding_matches_model_cards():
   assert non_embedding(app('qwen2.5-72B')) == pytest.approx(70.0e9, rel=0.005)
   assert non_embedding(app('qwen3-30B-A3B')) == pytest.approx(29.9e9,
                                                               rel=0.005)
+  # Qwen3-8B: 'Number of Parameters (Non-Embedding): 6.95B'.
+  assert non_embedding(app('qwen3-8B')) == pytest.approx(6.95e9, rel=0.005)
+
+
+def test_gpt_oss_20b_active_matches_model_card():
+  # arXiv:2508.10925 Table 1: 3.61B active parameters per token, counted
+  # without the embedding table (the unembedding is counted): 4 of 32
+  # experts in each of 24 blocks.
+  a = app('gpt-oss-20b')
+  parts = a.parameter_breakdown()
+  assert a.num_active_parameters() - parts['embedding'] == pytest.approx(
+    3.61e9, rel=0.005)
 
 
 def test_active_counts_published_with_two_digits():

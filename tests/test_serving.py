@@ -479,7 +479,11 @@ def test_serving_suite_prices_rows_from_unseen_sources(tmp_path):
   ('Mixtral_8x22B', 'mixtral-8x22B'), ('DeepSeek-R1-FP8', 'deepseek-v3'),
   ('mistralai/Mixtral-8x7B-Instruct-v0.1', 'mixtral-8x7B'),
   ('Mistral-7B-Instruct-v0.3', 'mistral-7B'),
-  ('DeepSeek-V3-0324', 'deepseek-v3'), ('Unknown-1B', None)])
+  ('DeepSeek-V3-0324', 'deepseek-v3'), ('Unknown-1B', None),
+  ('gptj-99.9', 'gpt-j-6B'), ('openai/gpt-oss-20b', 'gpt-oss-20b'),
+  ('Qwen/Qwen3-8B', 'qwen3-8B'), ('tiiuae/falcon-180B', 'falcon-180B'),
+  ('deepseek-ai/DeepSeek-R1-Distill-Llama-70B', 'llama3-70B'),
+  ('nvidia/Llama-3.1-Nemotron-70B-Instruct-HF', 'llama3-70B')])
 def test_model_names_fold_to_bundled_files(name, key):
   from calculon.validation.serving import model_key
   assert model_key(name) == key

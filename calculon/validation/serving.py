@@ -98,8 +98,16 @@ MODELS = {
   'gpt-oss-120b': 'gpt-oss-120b', 'llama-4-scout': 'llama4-scout',
   'llama-4-maverick': 'llama4-maverick', 'mistral-7b': 'mistral-7B',
   'gpt-j-6b': 'gpt-j-6B', 'gpt-j': 'gpt-j-6B',
-  # Llama 3.3 70B is Llama 3.1 70B's architecture (Meta's model card).
-  'llama-3.3-70b': 'llama3-70B',
+  # Llama 3.3 70B is Llama 3.1 70B's architecture (Meta's model card);
+  # so are the checkpoints fine-tuned from it: DeepSeek-R1-Distill-
+  # Llama-70B (from Llama-3.3-70B-Instruct, DeepSeek-R1 model card) and
+  # Llama-3.1-Nemotron-70B (NVIDIA's model card).
+  'llama-3.3-70b': 'llama3-70B', 'deepseek-r1-distill-llama-70b':
+  'llama3-70B', 'llama-3.1-nemotron-70b': 'llama3-70B',
+  # MLPerf Inference's GPT-J benchmark name ('gptj-99', 'gptj-99.9').
+  'gptj': 'gpt-j-6B', 'gptj-6b': 'gpt-j-6B',
+  'qwen3-8b': 'qwen3-8B', 'gpt-oss-20b': 'gpt-oss-20b',
+  'falcon-180b': 'falcon-180B',
 }
 #: Checkpoint suffixes that name a variant of the same architecture.
 _VARIANTS = ('-instruct', '-chat', '-hf', '-base', '-fp8', '-fp4', '-nvfp4',
