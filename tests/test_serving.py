@@ -868,3 +868,16 @@ def test_oracle_mi300x_table_outside_the_suite():
   assert min(tput) > 0 and max(lat) < 0
   assert float(np.median(tput)) == pytest.approx(73.9, abs=0.5)
   assert float(np.median(lat)) == pytest.approx(-41.1, abs=0.5)
+
+
+@pytest.mark.parametrize('precision,notes,weights,kv', [
+  ('INT4 AWQ', '', 'int4', 'bfloat16'), ('W4A16', 'fp8 kv cache', 'int4',
+                                         'float8'),
+  ('GPTQ', '', 'int4', 'bfloat16'), ('MXFP4', '', 'float4', 'float8'),
+  ('FP8', '', 'float8', 'float8'), ('BF16', '', 'bfloat16', 'bfloat16')])
+def test_precision_names(precision, notes, weights, kv):
+  """A row's precision text names the weights' datatype: 4-bit integer
+  weights (AWQ, GPTQ, W4A16) run with 16-bit activations, so their KV
+  cache is 16-bit unless the notes say FP8."""
+  from calculon.validation.serving import _datatypes
+  assert _datatypes(precision, notes) == (weights, kv)

@@ -14,8 +14,9 @@ Conventions (what a row leaves unstated):
   (:data:`MODELS`; Llama 3.1 = Llama 3 shapes, DeepSeek-R1 = DeepSeek-V3);
 * GPU: the datasheet system file (:data:`SYSTEMS`), never a calibrated
   one;
-* precision: FP4/NVFP4 -> float4 weights and activations (bfloat16
-  activations on GPUs without float4 GEMMs), FP8 -> float8,
+* precision: FP4/NVFP4/MXFP4 -> float4 weights and activations (bfloat16
+  activations on GPUs without float4 GEMMs), INT4/AWQ/GPTQ/W4A16 -> int4
+  weights with bfloat16 activations, FP8 -> float8,
   BF16/FP16 as written, 'not recorded' -> bfloat16; the KV cache in the
   activation datatype unless the notes say an FP8 KV cache;
 * framework: the row's (trtllm, vllm, sglang; a vLLM version before 0.6
@@ -282,6 +283,10 @@ def _int(text):
 
 def _datatypes(precision, notes):
   p = precision.lower()
+  if re.search(r'int4|w4a16|awq|gptq', p):
+    # 4-bit integer weights with 16-bit activations (W4A16).
+    return 'int4', 'float8' if re.search(r'fp8 kv', notes, re.I) else \
+      'bfloat16'
   if 'fp4' in p:
     w = 'float4'
   elif 'fp8' in p:
