@@ -36,7 +36,9 @@ fixed-point iteration).
 
 Every iteration adds the host's time: ``overhead_s`` and, where the
 framework's host work runs between GPU steps (vLLM before V1),
-``host_per_seq_s`` per running (decoding) sequence.
+``host_per_seq_s`` per running (decoding) sequence; an iteration that
+carries prefill tokens also adds ``prefill_host_s``, the dispatch of
+layers its prefill runs outside a CUDA graph (vLLM).
 
 A finite benchmark (:func:`drain`: N requests sent at once, the request
 rate infinite) is not a steady state: its throughput is N x osl over the
@@ -72,7 +74,7 @@ def prefill_tokens_per_iteration(concurrency, isl, max_num_tokens, chunked,
 
 def closed_loop(concurrency, isl, osl, t_dec, tau, q, mixed, group,
                 overhead_s=0.0, t_dec_of=None, t_ride_of=None,
-                host_per_seq_s=0.0):
+                host_per_seq_s=0.0, prefill_host_s=0.0):
   """Steady state of ``concurrency`` users, each sending its next request
   when one returns (see the module).  Arrays broadcast.
 
@@ -101,6 +103,8 @@ def closed_loop(concurrency, isl, osl, t_dec, tau, q, mixed, group,
     host_per_seq_s: host time per decoding sequence of every iteration,
       serialized with the GPU step (the framework's
       ``host_per_sequence_s``; 0 where the host keeps up).
+    prefill_host_s: host time of every iteration that carries prefill
+      tokens (:func:`calculon.serving.frameworks.prefill_dispatch_s`).
 
   Returns:
     dict of arrays: 'ttft_s', 'tpot_s', 'latency_s' (W), 'requests_per_s',
@@ -126,6 +130,7 @@ def closed_loop(concurrency, isl, osl, t_dec, tau, q, mixed, group,
   t_dec = t_dec + host_dec
   if not (mixed and t_ride_of is not None):
     t_mix = prefill + (t_dec if mixed else overhead_s)
+  t_mix = t_mix + prefill_host_s
   ttft = (i_own + 1) / 2 * t_mix
   if mixed:
     # Other groups' prefill iterations also step this user's decode.
@@ -141,30 +146,39 @@ def closed_loop(concurrency, isl, osl, t_dec, tau, q, mixed, group,
 
 
 def open_loop(rate, isl, osl, t_dec_of, tau, q, mixed, max_running,
-              overhead_s=0.0, iterations=60, host_per_seq_s=0.0):
+              overhead_s=0.0, iterations=60, host_per_seq_s=0.0,
+              prefill_host_s=0.0, round_steps=1):
   """Steady state of Poisson arrivals at ``rate`` requests/s (see the
   module); ``t_dec_of(C)`` gives the decode step at a running batch C
   (vectorized), each iteration with the host's ``overhead_s`` plus
-  ``host_per_seq_s`` per running sequence.  Returns the dict of
-  :func:`closed_loop` plus
-  'concurrency' and 'overloaded' (rho >= 1 or more running sequences
-  than ``max_running``: the rate exceeds what the deployment serves)."""
+  ``host_per_seq_s`` per running sequence.  An iteration that carries
+  prefill adds ``prefill_host_s``; the prompts that arrived since the
+  last one share it, n = max(1, rate x the iterations between
+  admissions: the stretched step x ``round_steps``, vLLM's scheduler
+  steps), so its share of the time is rate / n x ceil(isl / q) x
+  ``prefill_host_s`` (with the prompts' own prefill, rho).  Returns the
+  dict of :func:`closed_loop` plus 'concurrency' and 'overloaded' (rho
+  >= 1 or more running sequences than ``max_running``: the rate exceeds
+  what the deployment serves)."""
   rate = np.asarray(rate, float)
-  rho = rate * isl * tau
-  stable = rho < 1
-  r = np.minimum(rho, 0.999)
+  chunks = np.ceil(isl / q)
+  rho_gpu = rate * isl * tau
   C = np.maximum(rate * 0 + 1.0, 1.0)
-  tau_p = isl * tau
+  n = np.ones_like(C)
   for _ in range(iterations):
+    rho = rho_gpu + rate / n * chunks * prefill_host_s
+    r = np.minimum(rho, 0.999)
+    tau_p = isl * tau + chunks * prefill_host_s / n
     c_run = np.clip(np.round(C), 1, max_running)
     t_dec = t_dec_of(c_run) + overhead_s + host_per_seq_s * c_run
     tpot = t_dec / (1 - r)
-    own = np.ceil(isl / q) * (np.minimum(q, isl) * tau +
-                              (t_dec if mixed else overhead_s))
+    own = chunks * (np.minimum(q, isl) * tau + prefill_host_s +
+                    (t_dec if mixed else overhead_s))
     ttft = np.maximum(own, tau_p) + t_dec / 2 + r * tau_p / (2 * (1 - r))
     latency = ttft + (osl - 1) * tpot
     C = 0.5 * C + 0.5 * np.maximum(rate * latency, 1.0)
-  overloaded = ~stable | (C > max_running)
+    n = 0.5 * n + 0.5 * np.maximum(rate * tpot * round_steps, 1.0)
+  overloaded = (rho >= 1) | (C > max_running)
   return {'ttft_s': ttft, 'tpot_s': np.where(osl > 1, tpot, 0.0),
           'latency_s': latency, 'requests_per_s': rate,
           'output_tokens_per_s': rate * osl, 'concurrency': C,
@@ -186,7 +200,7 @@ def static_batch(batch, osl, t_prefill, t_dec, overhead_s=0.0,
 
 
 def drain(requests, run, isl, osl, t_dec_of, tau, q, steady, variable,
-          overhead_s=0.0, host_per_seq_s=0.0):
+          overhead_s=0.0, host_per_seq_s=0.0, prefill_host_s=0.0):
   """A finite benchmark: ``requests`` sent at once (request rate
   infinite), at most ``run`` running; the batch drains to the last
   request.  Arrays broadcast (``requests`` and ``run`` per rank).
@@ -194,7 +208,8 @@ def drain(requests, run, isl, osl, t_dec_of, tau, q, steady, variable,
   Phases (B = min(requests, run)):
 
   * prefill of the first B prompts, first come first served in
-    iterations of ``q`` tokens: T_pre = B isl tau + I overhead,
+    iterations of ``q`` tokens: T_pre = B isl tau + I (overhead +
+    prefill host),
     I = ceil(B isl / q); the wave's mean TTFT = T_pre (I + 1) / (2 I)
     (schedulers take waiting prompts first: vLLM ``Scheduler._schedule``,
     TensorRT-LLM's in-flight batching; Sarathi-Serve section 2.3);
@@ -220,7 +235,8 @@ def drain(requests, run, isl, osl, t_dec_of, tau, q, steady, variable,
     tau: seconds of prefill per prompt token; q: prefill tokens per
       iteration.
     overhead_s: host time of every iteration; host_per_seq_s: host time
-      per running sequence of every decode iteration.
+      per running sequence of every decode iteration; prefill_host_s:
+      host time of every iteration that carries prefill tokens.
 
   Returns:
     dict of arrays as :func:`closed_loop` plus 'makespan_s'.
@@ -228,7 +244,7 @@ def drain(requests, run, isl, osl, t_dec_of, tau, q, steady, variable,
   N = np.asarray(requests, float)
   B = np.maximum(np.floor(np.minimum(N, np.asarray(run, float))), 1)
   i_pre = np.ceil(B * isl / q)
-  t_pre = B * isl * tau + i_pre * overhead_s
+  t_pre = B * isl * tau + i_pre * (overhead_s + prefill_host_s)
   ttft_wave = t_pre * (i_pre + 1) / (2 * i_pre)
   X = np.asarray(steady['requests_per_s'], float)
   rest = np.maximum(N - B, 0)

@@ -83,6 +83,19 @@ def host_per_sequence_s(preset, scheduler_steps=1):
   return value
 
 
+def prefill_dispatch_s(preset, num_blocks):
+  """Seconds of host dispatch an iteration that carries prefill tokens
+  adds, for a model of ``num_blocks`` blocks: the preset's
+  ``prefill_dispatch_s_per_layer`` x the blocks (0 when absent).  The
+  prefill path runs the layers outside a whole-model CUDA graph, so the
+  framework's Python dispatch of each layer (tensor creation, kernel
+  launches) is paid on the iteration; a prompt crosses every layer."""
+  entry = preset.get('prefill_dispatch_s_per_layer')
+  if entry is None:
+    return 0.0
+  return float(entry['value']) * int(num_blocks)
+
+
 def default(preset, field, capacity_gib=80.0, tp=1, pp=1, is_a100=False):
   """The preset's default for deployment field ``field`` on a GPU of
   ``capacity_gib`` (the GPU-size branches vLLM and SGLang take; see each

@@ -17,7 +17,9 @@ be an array (the search prices a column of them in one pass).
 
 Every iteration adds the framework's host time: ``step_overhead_s`` and,
 where the preset states it, ``host_per_sequence_s`` per running sequence
-(vLLM v0.5's API server and scheduler ran between GPU steps).
+(vLLM v0.5's API server and scheduler ran between GPU steps); an
+iteration that carries prefill tokens adds the preset's prefill dispatch
+(``prefill_dispatch_s_per_layer`` x the blocks: vLLM).
 
 Reads: :mod:`~calculon.serving.kv_cache`, :mod:`~calculon.serving.prefill`,
 :mod:`~calculon.serving.decode`, :mod:`~calculon.serving.batching`,
@@ -143,6 +145,7 @@ def price(app, system, dep, concurrency=None):
   mixed = frameworks.mixes(dep.preset, bool(dep.chunked_prefill))
   overhead = preset_value(dep.preset, 'step_overhead_s', 0.0)
   per_seq = frameworks.host_per_sequence_s(dep.preset, dep.scheduler_steps)
+  pre_host = frameworks.prefill_dispatch_s(dep.preset, app.num_blocks)
   eff = preset_value(dep.preset, 'roofline_efficiency', 1.0)
   gpus_worker = w.tensor_par * w.pipeline_par * adp
 
@@ -156,7 +159,7 @@ def price(app, system, dep, concurrency=None):
     per_rank = np.ceil(B / adp)
     t_pre, _ = prefill_s(app, system, w, per_rank.astype(np.int64), isl,
                          dtype)
-    t_pre = t_pre / eff
+    t_pre = t_pre / eff + pre_host
     t_dec = t_dec_of(per_rank)
     out = batching.static_batch(B, osl, t_pre, t_dec, overhead, per_seq)
     running = B
@@ -166,7 +169,7 @@ def price(app, system, dep, concurrency=None):
                 f'({int(np.min(mem["max_concurrency"])) * adp})')
   elif dep.mode == 'disaggregated':
     out, running = _disaggregated(app, system, dep, w, mem, concurrency,
-                                  t_dec_of, max_run, per_seq)
+                                  t_dec_of, max_run, per_seq, pre_host)
     gpus_worker = None
   elif dep.request_rate is not None:
     rate = dep.request_rate / adp
@@ -177,13 +180,16 @@ def price(app, system, dep, concurrency=None):
       max_run, isl, dep.max_num_tokens), eff)
     out = batching.open_loop(rate, isl, osl, t_dec_of, tau, q, mixed,
                              np.maximum(max_run, 1), overhead,
-                             host_per_seq_s=per_seq)
+                             host_per_seq_s=per_seq,
+                             prefill_host_s=pre_host,
+                             round_steps=dep.scheduler_steps or 1)
     # A queue is stable only below its greatest service rate (Kleinrock
     # 1975, Queueing Systems vol. 1, section 2.1): what the deployment
     # serves with a backlog (the offline figure).
     saturated = _aggregated(app, system, dep, w, np.maximum(max_run, 1),
                             t_dec_of, chunked, mixed, overhead, per_seq,
-                            backlog=True)['requests_per_s']
+                            backlog=True, pre_host=pre_host)[
+                              'requests_per_s']
     out['overloaded'] = out['overloaded'] | (rate > saturated)
     out['requests_per_s'] = out['requests_per_s'] * adp
     out['output_tokens_per_s'] = out['output_tokens_per_s'] * adp
@@ -200,11 +206,12 @@ def price(app, system, dep, concurrency=None):
       cap = np.minimum(cap, np.maximum(np.ceil(dep.concurrency / adp), 1))
     run = np.minimum(N, cap)
     steady = _aggregated(app, system, dep, w, run, t_dec_of, chunked,
-                         mixed, overhead, per_seq, backlog=True)
+                         mixed, overhead, per_seq, backlog=True,
+                         pre_host=pre_host)
     st = steady['steady']
     out = batching.drain(N, run, isl, osl, t_dec_of, st['tau'], st['q'],
                          steady, bool(dep.variable_lengths), overhead,
-                         per_seq)
+                         per_seq, pre_host)
     out['steady'] = st
     out['requests_per_s'] = out['requests_per_s'] * adp
     out['output_tokens_per_s'] = out['output_tokens_per_s'] * adp
@@ -218,7 +225,7 @@ def price(app, system, dep, concurrency=None):
     per_rank = np.maximum(np.ceil(C / adp), 1)
     run = np.minimum(per_rank, np.maximum(max_run, 1))
     out = _aggregated(app, system, dep, w, run, t_dec_of, chunked, mixed,
-                      overhead, per_seq, backlog=offline)
+                      overhead, per_seq, backlog=offline, pre_host=pre_host)
     # Users beyond what runs at once wait for a slot (Little's law).
     X = out['requests_per_s']
     cycle = per_rank / X
@@ -287,7 +294,7 @@ def _tau(app, system, w, isl, dtype, group, eff=1.0):
 
 
 def _aggregated(app, system, dep, w, run, t_dec_of, chunked, mixed,
-                overhead, per_seq, backlog=False):
+                overhead, per_seq, backlog=False, pre_host=0.0):
   """Continuous batching's closed loop at ``run`` running sequences per
   rank (:func:`calculon.serving.batching.closed_loop`).
 
@@ -332,15 +339,17 @@ def _aggregated(app, system, dep, w, run, t_dec_of, chunked, mixed,
     return np.asarray(c) * tau + parts['kv'] / eff
 
   out = batching.closed_loop(run, isl, osl, t_dec, tau, q, mixed, group,
-                             overhead, t_dec_of, t_ride_of, per_seq)
+                             overhead, t_dec_of, t_ride_of, per_seq,
+                             pre_host)
   out['steady'] = {'run': run, 'isl': isl, 'osl': osl, 't_dec': t_dec,
                    'tau': tau, 'q': q, 'mixed': mixed, 'group': group,
+                   'prefill_host_s': pre_host,
                    't_dec_of': t_dec_of, 't_ride_of': t_ride_of}
   return out
 
 
 def _disaggregated(app, system, dep, w, mem, concurrency, t_dec_of,
-                   max_run, per_seq):
+                   max_run, per_seq, pre_host=0.0):
   isl, osl = dep.isl, dep.osl
   pw = worker(dep, 'prefill_')
   x, y = dep.prefill_workers, dep.decode_workers
@@ -365,7 +374,7 @@ def _disaggregated(app, system, dep, w, mem, concurrency, t_dec_of,
   running = per_dec * y * dep.attention_dp
   overhead = preset_value(dep.preset, 'step_overhead_s', 0.0)
   host = overhead + per_seq * per_dec
-  out = disagg.pools(running, osl, t_pass + overhead, group, x,
+  out = disagg.pools(running, osl, t_pass + overhead + pre_host, group, x,
                      y * dep.attention_dp, t_dec_of(per_dec) + host,
                      transfer)
   out['gpus'] = x * p_gpus + y * d_gpus

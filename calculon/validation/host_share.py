@@ -76,23 +76,28 @@ def _load(profile):
   return app, system, dep
 
 
-def _with(dep, step_overhead_s, host_per_sequence_s):
+def _with(dep, step_overhead_s, host_per_sequence_s, gpu_only=False):
   d = copy.copy(dep)
   preset = copy.deepcopy(dep.preset)
   preset['step_overhead_s'] = {'value': step_overhead_s}
   preset['host_per_sequence_s'] = {'value': host_per_sequence_s}
+  if gpu_only:
+    # The prefill iterations' dispatch is host time too.
+    preset.pop('prefill_dispatch_s_per_layer', None)
   d.preset = preset
   return d
 
 
 def busy_share(host_per_sequence_s, profile=PROFILE):
   """GPU busy share of ``profile``'s benchmark: the makespan with no host
-  time over the makespan with the preset's ``step_overhead_s`` and
+  time (no step overhead, no prefill dispatch) over the makespan with the
+  preset's ``step_overhead_s``, its prefill dispatch and
   ``host_per_sequence_s`` (seconds per running sequence per iteration).
   A float in (0, 1]."""
   from calculon.serving.price import price, preset_value
   app, system, dep = _load(profile)
-  gpu = price(app, system, _with(dep, 0.0, 0.0))['makespan_ms']
+  gpu = price(app, system, _with(dep, 0.0, 0.0, gpu_only=True))[
+    'makespan_ms']
   step = preset_value(dep.preset, 'step_overhead_s', 0.0)
   total = price(app, system, _with(dep, step, host_per_sequence_s))
   return float(np.ravel(np.asarray(gpu) / np.asarray(total['makespan_ms']))[0])

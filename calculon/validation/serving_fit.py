@@ -165,6 +165,8 @@ def prepare(items):
   p.run, p.isl, p.osl = get('run'), get('isl'), get('osl')
   p.t_dec, p.tau, p.q = get('t_dec'), get('tau'), get('q')
   p.per_rank = get('per_rank')
+  p.pre_host = np.array([float(np.ravel(i.get('prefill_host_s', 0.0))[0])
+                         for i in items])
   p.measured = get('measured')
   p.mixed = np.array([bool(i['mixed']) for i in items])
   p.ttft = np.array([i['kind'] == 'ttft' for i in items])
@@ -208,9 +210,10 @@ def predict(items, overhead, burst, efficiency=1.0):
     dec_of = _table_of(p, p.dec, efficiency)
     ride_of = _table_of(p, p.ride, efficiency, slope=p.tau)
   out_m = batching.closed_loop(p.run, p.isl, p.osl, t_dec, tau, p.q, True,
-                               group, overhead, dec_of, ride_of)
+                               group, overhead, dec_of, ride_of,
+                               prefill_host_s=p.pre_host)
   out_u = batching.closed_loop(p.run, p.isl, p.osl, t_dec, tau, p.q, False,
-                               group, overhead)
+                               group, overhead, prefill_host_s=p.pre_host)
   pick = lambda k: np.where(p.mixed, out_m[k], out_u[k])
   W, ttft, X = pick('latency_s'), pick('ttft_s'), pick('requests_per_s')
   cycle = p.per_rank / X
