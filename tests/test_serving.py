@@ -489,27 +489,22 @@ def test_model_names_fold_to_bundled_files(name, key):
   assert model_key(name) == key
 
 
-def test_metric_names_fold_to_kinds():
-  from calculon.validation.serving import metric_kind
-  assert metric_kind('time_to_first_token_ms') == 'ttft'
-  assert metric_kind('Inter-token latency (ms)') == 'tpot'
-  assert metric_kind('inter_token_latency_ms') == 'tpot'
-  assert metric_kind('samples/s') == 'throughput'
-  assert metric_kind('tokens/s/GPU') == 'throughput'
+@pytest.mark.parametrize('metric,kind', [
+  ('time_to_first_token_ms', 'ttft'), ('Inter-token latency (ms)', 'tpot'),
+  ('inter_token_latency_ms', 'tpot'), ('samples/s', 'throughput'),
+  ('tokens/s/GPU', 'throughput'),
   # A leading statistic word: 'median TTFT (ms)', 'mean TPOT ms'.
-  assert metric_kind('median TTFT (ms)') == 'ttft'
-  assert metric_kind('Mean ITL') == 'tpot'
-  assert metric_kind('P99 TPOT (ms)') == 'tpot'
-  assert metric_kind('median prompt length') is None
+  ('median TTFT (ms)', 'ttft'), ('Mean ITL', 'tpot'),
+  ('P99 TPOT (ms)', 'tpot'), ('median prompt length', None),
   # Serving benchmarks' other figures: requests/s, TPS, a user's rate,
   # a request's end-to-end latency.
-  assert metric_kind('Request throughput (req/s)') == 'throughput'
-  assert metric_kind('TPS/user') == 'throughput'
-  assert metric_kind('Interactivity (tok/s/user)') == 'throughput'
-  assert metric_kind('Mean E2E Latency (ms)') == 'latency'
-  assert metric_kind('Median E2EL (ms)') == 'latency'
-  assert metric_kind('Average latency in seconds') == 'latency'
-  assert metric_kind('Peak memory (GB)') is None
+  ('Request throughput (req/s)', 'throughput'), ('TPS/user', 'throughput'),
+  ('Interactivity (tok/s/user)', 'throughput'),
+  ('Mean E2E Latency (ms)', 'latency'), ('Median E2EL (ms)', 'latency'),
+  ('Average latency in seconds', 'latency'), ('Peak memory (GB)', None)])
+def test_metric_names_fold_to_kinds(metric, kind):
+  from calculon.validation.serving import metric_kind
+  assert metric_kind(metric) == kind
 
 
 def test_other_figures_are_priced_from_their_own_field():

@@ -309,8 +309,9 @@ def _aggregated(app, system, dep, w, run, t_dec_of, chunked, mixed,
   step, so a prefill iteration takes the ceil(run / osl) freed since the
   last (at most the budget's floor(q / isl)).  The schedulers admit
   waiting prompts while the budget allows: vLLM
-  ``Scheduler._schedule_prefills`` (vllm/core/scheduler.py, the V0 engine) and ``Scheduler.schedule``
-  (vllm/v1/core/sched/scheduler.py, V1); TensorRT-LLM
+  ``Scheduler._schedule_prefills`` (vllm/core/scheduler.py, the V0
+  engine) and ``Scheduler.schedule`` (vllm/v1/core/sched/scheduler.py,
+  V1); TensorRT-LLM
   ``MicroBatchScheduler`` (cpp/tensorrt_llm/batch_manager/
   microBatchScheduler.cpp), up to ``max_num_tokens``.
   """
