@@ -323,12 +323,13 @@ def _aggregated(app, system, dep, w, run, t_dec_of, chunked, mixed,
   eff = preset_value(dep.preset, 'roofline_efficiency', 1.0)
   tau = _tau(app, system, w, isl, dep.activation_datatype,
              np.minimum(per_pass, np.maximum(np.floor(q / isl), 1)), eff)
-  burst = preset_value(dep.preset, 'arrival_burst', 0.0)
-  group = np.clip(np.round(burst * run), 1, run)
   if backlog:
-    group = np.clip(np.floor(q / isl), 1, run)
+    group = np.floor(q / isl)
     if dep.variable_lengths:
-      group = np.clip(np.minimum(np.ceil(run / max(osl, 1)), group), 1, run)
+      group = np.minimum(np.ceil(run / max(osl, 1)), group)
+  else:
+    group = np.round(preset_value(dep.preset, 'arrival_burst', 0.0) * run)
+  group = np.clip(group, 1, run)
   t_dec = t_dec_of(run)
 
   def t_ride_of(c):

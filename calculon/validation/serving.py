@@ -247,13 +247,14 @@ def metric_text(metric):
   return m
 
 
-#: A throughput's unit in a folded metric name: tokens, samples, queries
-#: or requests per second ('tok/s', 'token/s', 'req/s', 'tokens/sec'),
-#: 'qps', 'tps' ('TPS/user').
-_RATE = (r'(tokens|token|tok|samples|queries|requests|req)_(per_)?'
-         r'(s|sec|second)(_|$)|qps|(^|_)tps(_|$)')
-#: Requests (not tokens) per second.
-_REQUEST_RATE = r'(samples|queries|requests|req)_(per_)?(s|sec|second)(_|$)|qps'
+#: Requests (not tokens) per second in a folded metric name: requests,
+#: queries or samples per second ('req/s', 'samples/s'), 'qps'.
+_REQUEST_RATE = (r'(samples|queries|requests|req)_(per_)?(s|sec|second)'
+                 r'(_|$)|qps')
+#: A throughput's unit: tokens per second ('tok/s', 'token/s',
+#: 'tokens/sec'), 'tps' ('TPS/user'), or a request rate.
+_RATE = (r'(tokens|token|tok)_(per_)?(s|sec|second)(_|$)|(^|_)tps(_|$)|'
+         + _REQUEST_RATE)
 
 
 def metric_kind(metric):
@@ -284,10 +285,8 @@ def _int(text):
 def _datatypes(precision, notes):
   p = precision.lower()
   if re.search(r'int4|w4a16|awq|gptq', p):
-    # 4-bit integer weights with 16-bit activations (W4A16).
-    return 'int4', 'float8' if re.search(r'fp8 kv', notes, re.I) else \
-      'bfloat16'
-  if 'fp4' in p:
+    w = 'int4'  # 4-bit integer weights, 16-bit activations (W4A16)
+  elif 'fp4' in p:
     w = 'float4'
   elif 'fp8' in p:
     w = 'float8'
@@ -295,7 +294,7 @@ def _datatypes(precision, notes):
     w = 'float16'
   else:
     w = 'bfloat16'
-  kv = w if w != 'float4' else 'float8'
+  kv = {'float4': 'float8', 'int4': 'bfloat16'}.get(w, w)
   if re.search(r'fp8 kv', notes, re.I):
     kv = 'float8'
   return w, kv

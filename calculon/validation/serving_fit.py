@@ -165,6 +165,7 @@ def prepare(items):
   p.run, p.isl, p.osl = get('run'), get('isl'), get('osl')
   p.t_dec, p.tau, p.q = get('t_dec'), get('tau'), get('q')
   p.per_rank = get('per_rank')
+  # Items without the term (a preset without a prefill dispatch) pay none.
   p.pre_host = np.array([float(np.ravel(i.get('prefill_host_s', 0.0))[0])
                          for i in items])
   p.measured = get('measured')
