@@ -451,7 +451,7 @@ def test_torchtitan_async_tp_efficiency_is_the_fit_of_its_own_ab_runs():
   benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md): measured
   speedups 1.164 and 1.099 that Calculon's tiling (efficiency 1) prices
   at 1.39.  The preset applies it to a tiled overlap only; Megatron-Core's
-  (Transformer Engine's userbuffers) keeps the absent 1."""
+  (Transformer Engine's userbuffers) keeps the absent 1 below TP 8."""
   import importlib.util
   from calculon.validation.published import Suite
   spec = importlib.util.spec_from_file_location(
@@ -508,4 +508,26 @@ def test_tp8_overlap_share_from_nvidias_llama3_70b_layouts():
   assert fitted == pytest.approx(measured, rel=2e-3)
   assert eff == pytest.approx((zero - measured) / (zero - full), abs=0.05)
   assert 0.3 < eff < 0.4
+
+
+@pytest.mark.parametrize('name', ['common', 'megatron-core',
+                                  'megatron-core-2024', 'megatron-core-2025',
+                                  'megatron-lm'])
+def test_tp8_overlap_share_is_what_the_presets_price(name):
+  """Transformer Engine's userbuffers overlap realizes 0.352 of the
+  tiling's gain at TP 8 (the layouts' fit above): the Megatron-Core
+  presets price it there, and a framework without a preset (common)
+  realizes no more than the best measured framework.  Below TP 8, and
+  without a tiled overlap, the absent 1 (the fit's TP 4 partner)."""
+  app = llama8()
+  ring = dict(EXE, num_procs=32, tensor_par=8, data_par=2, framework=name,
+              tensor_par_overlap='ring', data_par_overlap=False)
+  exe, _ = resolve_execution(app, Execution.from_dict(ring))
+  assert exe.tensor_par_overlap_efficiency == 0.352
+  exe, _ = resolve_execution(app, Execution.from_dict(
+    dict(ring, num_procs=16, tensor_par=4)))
+  assert exe.tensor_par_overlap_efficiency == 1.0
+  exe, _ = resolve_execution(app, Execution.from_dict(
+    dict(ring, tensor_par_overlap='none')))
+  assert exe.tensor_par_overlap_efficiency == 1.0
 

@@ -181,6 +181,15 @@ def test_the_whole_run_layer_at_the_published_step_rate(frame):
   assert abs(row['err_rate_gpu_hours_pct']) <= 5
 
 
+def test_llama31_405b_within_15_percent_of_its_published_gpu_hours(frame):
+  """Issue 46's check: Llama 3.1 405B on 16,384 H100s (TP 8, PP 16, DP
+  128 as arXiv 2407.21783 Table 4 states) within 15 % of the published
+  30.84M GPU-hours (meta-llama/llama-models MODEL_CARD)."""
+  row = frame.set_index('id').loc['llama3.1-405b']
+  assert row['pub_gpu_hours'] == 30.84e6
+  assert abs(row['err_gpu_hours_pct']) <= 15
+
+
 def test_gpu_hours_median_error_within_20_percent(frame):
   """Issue 35's target on the default files: the median |error| of the
   predicted GPU-hours against the published ones is at most 20 % (over
