@@ -56,6 +56,8 @@ def test_quick_cpu_measurement_is_a_system_with_a_measured_section(measured):
   assert gemm['collection_meta']['torch'] == torch.__version__
   # fp8 measured where torch._scaled_mm runs here, else skipped with why
   assert ('fp8' in gemm['latency_ms']) != ('gemm.fp8' in src['skipped'])
+  # on a CPU, never: its _scaled_mm is an emulation, not a float8 kernel
+  assert 'emulation' in src['skipped']['gemm.fp8']
   lat = np.asarray(gemm['latency_ms']['bfloat16'])
   assert lat.shape == (4, 3, 3) and np.all(lat > 0)
   # 512 x 1024 x 1024 is 2 x 512 x 1024^2 = 1.07 GFLOP, 1 x 64 x 64 is

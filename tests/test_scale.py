@@ -91,9 +91,11 @@ def test_llama3_table4_dp_64_to_128_is_priced(llama3_rows):
 def test_llama3_gap_is_per_microbatch_not_per_step(llama3_rows):
   """Fit t = m a + B through the two rows (m = 32 and 16 microbatches a
   replica, the same per-microbatch work): the measured a = (12.504 -
-  6.721) / 16 = 0.361 s.  The fastest candidate's a falls short by more
-  than 15 %, and that shortfall is more than three quarters of the gap at
-  8,192 GPUs (what grows with DP, B, is not where it is); with TP's
+  6.721) / 16 = 0.361 s.  The fastest candidate's a (TP 8 with the
+  tiled overlap at the ``common`` preset's Transformer Engine share,
+  tensor_par_overlap_efficiency 0.352) falls short by more than 10 %
+  (0.315 s), and that shortfall is more than three quarters of the gap
+  at 8,192 GPUs (what grows with DP, B, is not where it is); with TP's
   communication left whole (tensor_par_overlap 'none', which the paper
   does not state either way) a is within 5 % of the measured."""
   m1, p1, q1 = llama3_rows['grattafiori-01']
@@ -101,7 +103,7 @@ def test_llama3_gap_is_per_microbatch_not_per_step(llama3_rows):
   a_meas = (m1 - m2) / 16
   assert a_meas == pytest.approx((12.504 - 6.721) / 16, rel=2e-3)
   a_fast, a_plain = (p1 - p2) / 16, (q1 - q2) / 16
-  assert a_fast < 0.85 * a_meas
+  assert a_fast < 0.90 * a_meas
   assert 32 * (a_meas - a_fast) > 0.75 * (m1 - p1)
   assert abs(a_plain / a_meas - 1) < 0.05
   assert np.isfinite([p1, p2, q1, q2]).all()
