@@ -182,6 +182,43 @@ def test_bundled_measured_files(name, gpu, bf16_ms, fp8_ms):
   assert os.path.getsize(path) < 1_000_000
 
 
+@pytest.mark.parametrize('name', ['h100_sxm_80g', 'gb200_nvl72'])
+def test_default_files_carry_the_measured_tables(name):
+  """The default files are calibrated from the measured-kernel files
+  (validation/make_calibrated.py): the tables and their provenance are
+  the twin's, the fit adds only the sustained clock and what the tables
+  do not measure; a table GEMM takes the table's time over the clock."""
+  from calculon.validation.system_files import is_calibrated
+  default = read_json_file(repo('systems', f'{name}.json'))
+  twin = read_json_file(repo('systems', f'{name}_measured.json'))
+  assert is_calibrated(default)
+  for key in ('source', 'gemm', 'attention', 'nccl'):
+    assert default['measured'][key] == twin['measured'][key]
+  clock = default['measured'].get('sustained_clock', 1.0)
+  assert 0.8 <= clock <= 1.0
+  t_default = gemm_time_s(System(default), 8192, 8192, 8192, 'bfloat16')
+  t_twin = gemm_time_s(System(twin), 8192, 8192, 8192, 'bfloat16')
+  assert t_default == pytest.approx(t_twin / clock, rel=1e-9)
+
+
+def test_a_slower_part_slows_the_measured_tables_as_its_curves():
+  """The hardware table's H100 variants below the SXM's clock (PCIe x
+  0.7645, NVL x 0.844, the power-capped x 0.922) scale
+  measured.sustained_clock as they scale the matrix rates; a file
+  without tables is left without a measured section."""
+  from calculon.validation.mapping import apply_system_set
+  change = {'measured.sustained_clock': {'times': 0.922},
+            'matrix.bfloat16.tflops': {'times': 0.922}}
+  twin = read_json_file(repo('systems', 'h100_sxm_80g_measured.json'))
+  slow = apply_system_set(twin, change)
+  assert slow['measured']['sustained_clock'] == pytest.approx(0.922)
+  assert gemm_time_s(System(slow), 8192, 8192, 8192, 'bfloat16') == \
+    pytest.approx(gemm_time_s(System(twin), 8192, 8192, 8192, 'bfloat16')
+                  / 0.922, rel=1e-9)
+  sheet = read_json_file(repo('systems', 'h100_sxm_80g_datasheet.json'))
+  assert 'measured' not in apply_system_set(sheet, change)
+
+
 def test_report_names_measured_terms():
   res = run_cli('llm', repo('models', 'llama3.1-405B.json'),
                 repo('examples', 'llama3.1-405b_16384_tp8_pp16_dp128.json'),

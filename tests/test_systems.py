@@ -248,14 +248,21 @@ def test_llm_prices_llama3_8b_on_every_new_system(tmp_path, capsys):
         continue
       recipe = 'uniform' if dtype == 'bfloat16' else 'transformer_engine'
       exe = _exe(tmp_path, datatype=dtype, precision_recipe=recipe)
-      out = tmp_path / f'{name}_{dtype}.json'
-      assert main(['llm', app, exe, repo('systems', name + '.json'),
-                   str(out)]) == 0, (name, dtype)
-      stats = load_json(out)
-      times[name, dtype] = stats['total_time']
-      assert stats['sample_rate'] > 0
+      # The default file prices it; the ordering below is the datasheet
+      # rates' (the measured tables' narrow GEMMs are not faster at every
+      # shape: Llama 3 8B at TP 8 on GB300 is 0.8 % slower in float8).
+      for kind in ('', '_datasheet'):
+        path = repo('systems', name + kind + '.json')
+        if kind and not os.path.exists(path):
+          continue
+        out = tmp_path / f'{name}{kind}_{dtype}.json'
+        assert main(['llm', app, exe, path, str(out)]) == 0, (name, dtype)
+        stats = load_json(out)
+        times[name, dtype] = stats['total_time']
+        assert stats['sample_rate'] > 0
   capsys.readouterr()
-  # Narrower datatypes are faster; B200 is faster than H100 than A100.
+  # Narrower datatypes are faster; B200 is faster than H100 than A100
+  # (datasheet rates).
   for name in NEW:
     dtypes = [d for d in ('bfloat16', 'float8', 'float4')
               if (name, d) in times]

@@ -6,14 +6,17 @@ validation/published_runs_2024_2026.csv, runs
 
     calculon calibrate validation/published_runs.csv \\
         validation/published_runs_2024_2026.csv \\
-        systems/SYSTEM_datasheet.json --cluster CLUSTER \\
+        systems/SYSTEM_measured.json --cluster CLUSTER \\
         -o systems/CLUSTER.json --cv none
 
 and prints what it fitted.  The calibrated files are the defaults
-(``systems/CLUSTER.json``); each is fitted from its datasheet-only twin
-``systems/SYSTEM_datasheet.json``, which stays (the power-capped H100
-cluster is fitted from the H100 SXM's; see
-:mod:`calculon.validation.system_files`).
+(``systems/CLUSTER.json``); each is fitted from its measured-kernel twin
+``systems/SYSTEM_measured.json`` (the datasheet file with the GEMM,
+attention and NCCL tables of NVIDIA AIConfigurator's database,
+``validation/make_measured.py``), so calibration fits only what the tables
+do not measure.  The datasheet-only file ``systems/SYSTEM_datasheet.json``
+stays, the uncalibrated suite's base (the power-capped H100 cluster is
+fitted from the H100 SXM's; see :mod:`calculon.validation.system_files`).
 
 Run from the repository root: ``python validation/make_calibrated.py``.
 """
@@ -25,8 +28,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNS = ['validation/published_runs.csv',
         'validation/published_runs_2024_2026.csv']
-#: cluster -> the GPU whose datasheet file (systems/GPU_datasheet.json) it
-#: is calibrated from.
+#: cluster -> the GPU whose measured-kernel file (systems/GPU_measured.json)
+#: it is calibrated from.
 CLUSTERS = {
   'a100_sxm_80g': 'a100_sxm_80g',              # Selene-class DGX A100
   'h100_sxm_80g': 'h100_sxm_80g',              # Eos-class DGX H100
@@ -43,7 +46,7 @@ def main():
   for cluster, system in CLUSTERS.items():
     out = f'systems/{cluster}.json'
     cmd = [sys.executable, '-m', 'calculon', 'calibrate', *RUNS,
-           f'systems/{system}_datasheet.json', '--cluster', cluster,
+           f'systems/{system}_measured.json', '--cluster', cluster,
            '-o', out,
            '--cv', 'none']
     print('$', ' '.join(['calculon'] + cmd[3:]), flush=True)

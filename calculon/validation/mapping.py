@@ -414,7 +414,11 @@ def apply_system_set(cfg, changes):
   """A copy of system JSON ``cfg`` with dotted-path ``changes`` applied
   (``mem1.GiB``, ``networks[0].size``...).  A value ``{'times': x}``
   multiplies the field instead (a kernel slower than the file's best, on
-  top of whatever the file says, calibrated or not).
+  top of whatever the file says, calibrated or not).  A ``{'times': x}``
+  change of ``measured.sustained_clock`` scales the measured tables' clock
+  (absent means 1) and is not applied to a file without a ``measured``
+  section: there are no tables for it to slow, and the matrix curves take
+  their own change.
 
   Raises:
     ConfigError: a path that does not exist in ``cfg``.
@@ -424,6 +428,12 @@ def apply_system_set(cfg, changes):
   for path, value in changes.items():
     obj = out
     parts = re.findall(r'[^.\[\]]+', path)
+    if path == 'measured.sustained_clock' and isinstance(value, dict) and \
+        'times' in value:
+      if 'measured' in out:
+        clock = out['measured'].get('sustained_clock', 1.0)
+        out['measured']['sustained_clock'] = clock * value['times']
+      continue
     for i, part in enumerate(parts):
       key = int(part) if part.isdigit() else part
       last = i == len(parts) - 1

@@ -3,9 +3,10 @@
 ``systems/X.json`` is the default file of a GPU: calibrated to measured
 runs (``calculon calibrate``, validation/make_calibrated.py) where a
 calibration exists, else the datasheet file.  Where it is calibrated,
-``systems/X_datasheet.json`` is its datasheet-only twin: what the
-calibration started from.  Calculon's own files (a100_40g, a100_80e,
-a100_80g, h100_80g_nvl8) have no twin.
+``systems/X_datasheet.json`` is its datasheet-only twin and
+``systems/X_measured.json`` that twin with the measured kernel tables:
+what the calibration started from.  Calculon's own files (a100_40g,
+a100_80e, a100_80g, h100_80g_nvl8) have no twin.
 
 The hardware table of validation/conventions.yaml names a base ``X``: the
 uncalibrated suite prices its rows on the datasheet file
