@@ -87,27 +87,6 @@ def every_parameter(prepared):
   return lines, inside, loro
 
 
-def measured_base(base_dir, tmp):
-  """A folder in ``tmp`` that reads as ``base_dir`` but whose
-  ``systems/X_datasheet.json`` is ``systems/X_measured.json`` where that
-  exists (links; models/ and validation/ linked whole), so that the suite
-  and the cross-validation start from the measured files."""
-  os.symlink(os.path.join(base_dir, 'models'), os.path.join(tmp, 'models'))
-  os.symlink(os.path.join(base_dir, 'validation'),
-             os.path.join(tmp, 'validation'))
-  systems = os.path.join(tmp, 'systems')
-  os.mkdir(systems)
-  src = os.path.join(base_dir, 'systems')
-  names = os.listdir(src)
-  for name in names:
-    target = os.path.join(src, name)
-    twin = name.replace('_datasheet.json', '_measured.json')
-    if name.endswith('_datasheet.json') and twin in names:
-      target = os.path.join(src, twin)
-    os.symlink(target, os.path.join(systems, name))
-  return tmp
-
-
 def main(argv=None):
   from calculon.validation import published as P
   from calculon.validation import calibrate as C
@@ -130,7 +109,8 @@ def main(argv=None):
   with tempfile.TemporaryDirectory() as tmp:
     base = args.base_dir or ROOT
     if args.start == 'measured':
-      base = measured_base(os.path.abspath(base), tmp)
+      from calculon.validation.system_files import measured_view
+      base = measured_view(base, tmp)
     run(args, base, P, C)
 
 

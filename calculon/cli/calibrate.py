@@ -73,6 +73,13 @@ def add_parsers(sp):
   p.set_defaults(func=run)
 
 
+def _population(suite, ids, cluster, C):
+  """The linearized runs of ``suite`` of other clusters than ``cluster``
+  (and not among ``ids``): the population prior's runs."""
+  return [r for r in C.prepare(suite).runs
+          if r.id not in ids and r.system != cluster]
+
+
 def _parse_params(text):
   from calculon.errors import ConfigError
   if text.strip() == 'auto':
@@ -137,8 +144,18 @@ def run(args, log):
   population = []
   if args.population_prior == 'others' and not args.all_rows:
     ids = {c.id for c in cases}
-    population = [r for r in C.prepare(suite).runs
-                  if r.id not in ids and r.system != cluster]
+    if 'measured' in cfg:
+      # The centres must be relative to the same kind of file: on a
+      # measured-kernel file, the other clusters' runs are priced on
+      # theirs.
+      import tempfile
+      from calculon.validation.system_files import measured_view
+      with tempfile.TemporaryDirectory() as tmp:
+        population = _population(
+          Suite(measured_view(base_dir, tmp), args.runs, args.conventions),
+          ids, cluster, C)
+    else:
+      population = _population(suite, ids, cluster, C)
   result = C.calibrate_system(
     suite, cfg, cases, names,
     sigma=args.prior_sigma or C.PRIOR_SIGMA, refine=max(args.refine, 0),

@@ -18,6 +18,8 @@ import os
 
 #: The suffix of a datasheet-only twin (``systems/X_datasheet.json``).
 DATASHEET = '_datasheet'
+#: The suffix of a measured-kernel twin (``systems/X_measured.json``).
+MEASURED = '_measured'
 #: The suffix of a calibrated file before the calibrated files became the
 #: defaults (``systems/X_calibrated.json``; still stripped from names).
 CALIBRATED = '_calibrated'
@@ -101,3 +103,27 @@ def priced_on_line(labels):
   if not names:
     return ''
   return 'Priced on (systems/): ' + ', '.join(names)
+
+
+def measured_view(base_dir, folder):
+  """``folder`` made to read as ``base_dir`` with every
+  ``systems/X_datasheet.json`` that has a ``systems/X_measured.json``
+  twin replaced by that twin (symbolic links; models/ and validation/
+  linked whole), and returned: what the published suite and calibration
+  read to price runs on the measured-kernel files.  ``folder`` must be
+  an empty folder (e.g. a temporary one)."""
+  base_dir = os.path.abspath(base_dir)
+  for part in ('models', 'validation'):
+    os.symlink(os.path.join(base_dir, part), os.path.join(folder, part))
+  systems = os.path.join(folder, 'systems')
+  os.mkdir(systems)
+  src = os.path.join(base_dir, 'systems')
+  names = os.listdir(src)
+  for name in names:
+    target = os.path.join(src, name)
+    twin = name[:-len(DATASHEET + '.json')] + MEASURED + '.json' \
+      if name.endswith(DATASHEET + '.json') else None
+    if twin in names:
+      target = os.path.join(src, twin)
+    os.symlink(target, os.path.join(systems, name))
+  return folder
