@@ -410,15 +410,22 @@ def _load_system(base_dir, name, cache):
   return cache[name]
 
 
+#: Fields of a system file whose absence means 1: the optional
+#: efficiencies and the measured tables' sustained clock.
+ABSENT_IS_ONE = OPTIONAL_EFFICIENCIES + ('sustained_clock',)
+#: Sections a system file may lack (``measured``: the kernel tables).
+OPTIONAL_SECTIONS = ('measured',)
+
+
 def apply_system_set(cfg, changes):
   """A copy of system JSON ``cfg`` with dotted-path ``changes`` applied
   (``mem1.GiB``, ``networks[0].size``...).  A value ``{'times': x}``
   multiplies the field instead (a kernel slower than the file's best, on
   top of whatever the file says, calibrated or not).  A ``{'times': x}``
-  change of ``measured.sustained_clock`` scales the measured tables' clock
-  (absent means 1) and is not applied to a file without a ``measured``
-  section: there are no tables for it to slow, and the matrix curves take
-  their own change.
+  change of a field whose absence means 1 (:data:`ABSENT_IS_ONE`) sets an
+  absent one to x; one under an optional section the file lacks
+  (:data:`OPTIONAL_SECTIONS`: ``measured.sustained_clock`` on a file
+  without tables) has nothing to scale and is not applied.
 
   Raises:
     ConfigError: a path that does not exist in ``cfg``.
@@ -428,21 +435,16 @@ def apply_system_set(cfg, changes):
   for path, value in changes.items():
     obj = out
     parts = re.findall(r'[^.\[\]]+', path)
-    if path == 'measured.sustained_clock' and isinstance(value, dict) and \
-        'times' in value:
-      if 'measured' in out:
-        clock = out['measured'].get('sustained_clock', 1.0)
-        out['measured']['sustained_clock'] = clock * value['times']
-      continue
+    times = isinstance(value, dict) and 'times' in value
     for i, part in enumerate(parts):
       key = int(part) if part.isdigit() else part
       last = i == len(parts) - 1
       try:
-        if last and isinstance(value, dict) and 'times' in value:
-          # Must exist, unless absent means 1 (a ``{'times': x}`` change
-          # of an absent optional efficiency sets it to x).
-          current = obj[key] if key not in OPTIONAL_EFFICIENCIES else \
-            obj.get(key)
+        if not last and times and key in OPTIONAL_SECTIONS and \
+            key not in obj:
+          break
+        if last and times:
+          current = obj[key] if key not in ABSENT_IS_ONE else obj.get(key)
           obj[key] = (1.0 if current is None else current) * value['times']
         elif last:
           obj[key]   # must exist

@@ -120,10 +120,8 @@ def measured_view(base_dir, folder):
   src = os.path.join(base_dir, 'systems')
   names = os.listdir(src)
   for name in names:
-    target = os.path.join(src, name)
-    twin = name[:-len(DATASHEET + '.json')] + MEASURED + '.json' \
-      if name.endswith(DATASHEET + '.json') else None
-    if twin in names:
-      target = os.path.join(src, twin)
-    os.symlink(target, os.path.join(systems, name))
+    twin = name.replace(DATASHEET + '.json', MEASURED + '.json')
+    target = twin if name.endswith(DATASHEET + '.json') and twin in names \
+      else name
+    os.symlink(os.path.join(src, target), os.path.join(systems, name))
   return folder
