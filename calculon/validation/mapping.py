@@ -925,7 +925,31 @@ class Mapper:
       choices[key] = list(value) if isinstance(value, list) else [value]
       case.assume(key, choices[key] if len(choices[key]) > 1
                   else choices[key][0], why)
+    self._stated_search_columns(case, axes, choices)
     return framework, fields, choices
+
+  def _stated_search_columns(self, case, axes, choices):
+    """The recompute and seq_parallel cells of a searched row, as a stated
+    layout reads them (the recompute table; 'yes' to sequence
+    parallelism: the TP communication rs_ag), restricting ``choices`` in
+    place; a cell the tables do not read leaves its axis as it was."""
+    row = case.row
+    rec_text = text(row.get('recompute'))
+    entry = self.conv.first(self.conv.recompute, rec_text) if rec_text \
+      else None
+    if entry is not None and not entry.get('search') and \
+        'activation_recompute' in axes:
+      choices['activation_recompute'] = [entry['value']]
+      case.assume('activation_recompute', entry['value'],
+                  f'recompute {rec_text!r} (recompute table)')
+      if entry.get('approximate'):
+        case.approximations.append(entry['approximate'])
+    sp = text(row.get('seq_parallel'))
+    if sp and self.conv.sp_yes.search(sp) and \
+        'tensor_par_comm_type' in axes:
+      choices['tensor_par_comm_type'] = ['rs_ag']
+      case.assume('tensor_par_comm_type', 'rs_ag', f'seq_parallel {sp!r} '
+                  '(sequence parallelism: reduce-scatter / all-gather)')
 
   def _axes(self, case, settings, tp, pp, dp, cp, batch):
     row, app, axes = case.row, case.app, case.axes

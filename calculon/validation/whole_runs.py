@@ -68,7 +68,17 @@ RUN_FACTS = (
    {'batch': 2048, 'why_batch': 'LLaMA (arXiv 2302.13971) Table 2: batch '
     '4M tokens for every size = 2,048 sequences of 2,048',
     'gpus': 2048, 'why_gpus': 'LLaMA section 2.4 states 2,048 A100-80GB for '
-    'the 65B only: assumed for every size'}),
+    'the 65B only: assumed for every size',
+    'parallelism': 'model and sequence parallelism',
+    'why_parallelism': 'LLaMA (arXiv 2302.13971) section 2.4, on the '
+    'training code of its models: "we use model and sequence parallelism '
+    'as described by Korthikanti et al. (2022)" (no degrees, no pipeline)',
+    'recompute': 'selective',
+    'why_recompute': 'LLaMA (arXiv 2302.13971) section 2.4: "we reduce the '
+    'amount of activations that are recomputed during the backward pass '
+    'with checkpointing. More precisely, we save the activations that are '
+    'expensive to compute, such as the outputs of linear layers": the '
+    'cheap activations recomputed, as selective recomputation does'}),
   (r'^llama 2 ',
    {'batch': 1024, 'why_batch': 'Llama 2 (arXiv 2307.09288) section 2.2: '
     'global batch 4M tokens = 1,024 sequences of 4,096',
@@ -199,6 +209,35 @@ def parse_layout(text, gpus):
   dp = first([r'\bDP\s*=?\s*(\d+)'])
   cp = first([r'\bCP\s*=?\s*(\d+)'])
   return tp, pp, dp, cp
+
+
+#: A parallelism text naming tensor (model) parallelism without a degree:
+#: 'model parallelism', 'tensor parallelism', 'sequence parallelism' (which
+#: splits the sequence over the TP ranks: Korthikanti et al. 2022, arXiv
+#: 2205.05198, section 4.2.2) -- not 'pipeline model parallelism'.
+_NAMES_TP = re.compile(r'(?<!pipeline )\bmodel[ -]parallel|\btensor[ -]'
+                       r'parallel|\bsequence[ -]parallel|\bTP\b',
+                       re.IGNORECASE)
+_NAMES_SP = re.compile(r'\bsequence[ -]parallel', re.IGNORECASE)
+_NAMES_PP = re.compile(r'\bpipeline|\bPP\b', re.IGNORECASE)
+_NAMES_RECOMPUTE = re.compile(r'checkpointing|recomput|rematerial',
+                              re.IGNORECASE)
+
+
+def stated_techniques(text):
+  """What a parallelism text states without degrees, for a searched
+  layout: {'tp': names tensor (model) parallelism, so TP >= 2; 'sp':
+  names sequence parallelism (the TP communication reduce-scattered and
+  all-gathered, rs_ag); 'pp': names pipeline parallelism (when it does not,
+  PP = 1, as for a stated TP degree); 'recompute': the phrase naming
+  activation checkpointing (read by the conventions' recompute table), or
+  ''}."""
+  text = str(text or '')
+  m = _NAMES_RECOMPUTE.search(text)
+  return {'tp': bool(_NAMES_TP.search(text)),
+          'sp': bool(_NAMES_SP.search(text)),
+          'pp': bool(_NAMES_PP.search(text)),
+          'recompute': text[m.start():].split(';')[0].strip() if m else ''}
 
 
 def expert_par_from_text(text):
@@ -404,10 +443,11 @@ class Suite:
     return label(self.mapper.system_source(case), self.mapper.system_json(case))
 
 
-def _pseudo_row(row, gpus, batch, layout):
+def _pseudo_row(row, gpus, batch, layout, recompute='', seq_parallel=''):
   """The row in the published suite's columns, for the Mapper (an
   expert-parallel degree its parallelism text states written in the notes
-  as ``ep=N``, the published suite's notes fact)."""
+  as ``ep=N``, the published suite's notes fact; ``recompute`` and
+  ``seq_parallel`` the cells of those columns)."""
   tp, pp, dp, cp = layout
   ep = expert_par_from_text(row.get('parallelism'))
   notes = ' '.join(x for x in (row.get('parallelism', ''),
@@ -425,7 +465,8 @@ def _pseudo_row(row, gpus, batch, layout):
     'tp': '' if tp is None else str(tp), 'pp': '' if pp is None else str(pp),
     'dp': '' if dp is None else str(dp), 'cp': '' if cp is None else str(cp),
     'vp': '', 'global_batch_size': str(batch), 'micro_batch_size': '',
-    'recompute': '', 'seq_parallel': '', 'dtype': _dtype(row),
+    'recompute': recompute, 'seq_parallel': seq_parallel,
+    'dtype': _dtype(row),
     'measured_metric_name': 'iteration_time_s', 'measured_value': '1',
     'notes': notes}
 
@@ -512,7 +553,12 @@ def price_row(suite, row, workers=1):
     pp = 1
     out.assumptions.append(('pp', 1, 'the parallelism text names TP and no '
                             'PP'))
-  case = suite.mapper.build(_pseudo_row(row, gpus, batch, (tp, pp, dp, cp)))
+  limits, recompute, seq_parallel = {}, '', ''
+  if tp is None:
+    limits, recompute, seq_parallel = _stated_without_degrees(row, facts,
+                                                              out)
+  case = suite.mapper.build(_pseudo_row(row, gpus, batch, (tp, pp, dp, cp),
+                                        recompute, seq_parallel))
   out.assumptions += [(k, v, why) for k, v, why in case.assumptions
                       if k not in ('measured_metric_name',)]
   out.approximations += list(case.approximations)
@@ -526,7 +572,7 @@ def price_row(suite, row, workers=1):
   out.system_file = suite.system_label(case)
   try:
     if searched:
-      _searched(suite, case, out, tokens, workers)
+      _searched(suite, case, out, tokens, workers, limits)
     else:
       _stated(suite, case, out, tokens)
   except ConfigError as err:
@@ -542,6 +588,37 @@ def price_row(suite, row, workers=1):
     out.published_rate, out.published_rate_text = published_rate(
       row, gpus, per_token, peak)
   return out
+
+
+def _stated_without_degrees(row, facts, out):
+  """What the row's parallelism text (else its run facts'
+  ``parallelism``) states of a layout it gives no degrees for
+  (:func:`stated_techniques`), as the search's limits and the recompute
+  and seq_parallel cells: (limits, recompute, seq_parallel), each taken
+  recorded in ``out.assumptions``."""
+  text, why = str(row.get('parallelism') or '').strip(), 'the parallelism text'
+  if not text and facts.get('parallelism'):
+    text, why = facts['parallelism'], facts['why_parallelism']
+  said = stated_techniques(text)
+  limits, seq_parallel = {}, ''
+  if said['tp']:
+    limits['tp'] = ((2, 1 << 30),)
+    out.assumptions.append(('tp', '>= 2', f'{why} names tensor (model) '
+                            'parallelism without a degree: searched from 2'))
+    if not said['pp']:
+      limits['pp'] = ((1, 1),)
+      out.assumptions.append(('pp', 1, f'{why} names TP and no PP'))
+  if said['sp']:
+    seq_parallel = 'yes'
+    out.assumptions.append(('seq_parallel', 'yes', f'{why} names sequence '
+                            'parallelism'))
+  recompute = said['recompute']
+  if facts.get('recompute'):
+    recompute = facts['recompute']
+    out.assumptions.append(('recompute', recompute, facts['why_recompute']))
+  elif recompute:
+    out.assumptions.append(('recompute', recompute, f'{why} names it'))
+  return limits, recompute, seq_parallel
 
 
 def _inputs(system, tokens, case, out):
@@ -597,8 +674,10 @@ def _memory_code():
   return MEM1_TOO_SMALL
 
 
-def _searched(suite, case, out, tokens, workers):
-  """No layout stated: the fastest step of exactly the batch, searched."""
+def _searched(suite, case, out, tokens, workers, limits=None):
+  """No layout stated: the fastest step of exactly the batch, searched
+  (within ``limits``, :class:`calculon.search.grid.SearchSpec`'s, from
+  what the row states without degrees)."""
   from calculon.llm import search as S
   from calculon.plan import objective as O
   system = suite.system(case)
@@ -613,7 +692,8 @@ def _searched(suite, case, out, tokens, workers):
                           f'{framework}) within the rules above, the '
                           'fastest step'))
   spec = S.SearchSpec(app, system, out.gpus, out.batch, datatype,
-                      framework=framework, fields=fields, choices=choices)
+                      framework=framework, fields=fields, choices=choices,
+                      limits=dict(limits or {}))
   inputs = _inputs(system, tokens, case, out)
   result = O.rank(spec, 'throughput', 1, workers, inputs=inputs,
                   exact_batch=out.batch)
