@@ -925,25 +925,46 @@ class Mapper:
       choices[key] = list(value) if isinstance(value, list) else [value]
       case.assume(key, choices[key] if len(choices[key]) > 1
                   else choices[key][0], why)
-    self._stated_search_columns(case, axes, choices)
+    self._stated_search_columns(case, axes, fields, choices)
     return framework, fields, choices
 
-  def _stated_search_columns(self, case, axes, choices):
-    """The recompute and seq_parallel cells of a searched row, as a stated
-    layout reads them (the recompute table; 'yes' to sequence
-    parallelism: the TP communication rs_ag), restricting ``choices`` in
-    place; a cell the tables do not read leaves its axis as it was."""
-    row = case.row
-    rec_text = text(row.get('recompute'))
+  def _recompute_cell(self, case, rec_text):
+    """The recompute table's entry for a row's recompute cell, or None
+    (blank, not understood, or a 'search' entry): its approximation noted
+    and, for a selective entry naming modules, ``recompute_modules`` fixed
+    in ``case``."""
     entry = self.conv.first(self.conv.recompute, rec_text) if rec_text \
       else None
-    if entry is not None and not entry.get('search') and \
-        'activation_recompute' in axes:
-      choices['activation_recompute'] = [entry['value']]
-      case.assume('activation_recompute', entry['value'],
-                  f'recompute {rec_text!r} (recompute table)')
-      if entry.get('approximate'):
-        case.approximations.append(entry['approximate'])
+    if entry is None or entry.get('search'):
+      return None
+    if entry.get('approximate'):
+      case.approximations.append(entry['approximate'])
+    modules = [m['module'] for m in self.conv.recompute_modules
+               if m['match'].search(rec_text)]
+    if entry['value'] == 'selective' and modules:
+      label = recompute_modules_label(sorted(set(modules)))
+      case.fixed['recompute_modules'] = label
+      case.assume('recompute_modules', label,
+                  f'recompute column {rec_text!r} (recompute_modules '
+                  'table)')
+    return entry
+
+  def _stated_search_columns(self, case, axes, fields, choices):
+    """The recompute and seq_parallel cells of a searched row, as a stated
+    layout reads them (the recompute table, with the modules it names;
+    'yes' to sequence parallelism: the TP communication rs_ag),
+    restricting ``choices`` and adding to ``fields`` in place; a cell the
+    tables do not read leaves its axis as it was."""
+    row = case.row
+    rec_text = text(row.get('recompute'))
+    if 'activation_recompute' in axes:
+      entry = self._recompute_cell(case, rec_text)
+      if entry is not None:
+        choices['activation_recompute'] = [entry['value']]
+        case.assume('activation_recompute', entry['value'],
+                    f'recompute {rec_text!r} (recompute table)')
+        if 'recompute_modules' in case.fixed:
+          fields['recompute_modules'] = case.fixed['recompute_modules']
     sp = text(row.get('seq_parallel'))
     if sp and self.conv.sp_yes.search(sp) and \
         'tensor_par_comm_type' in axes:
@@ -1016,18 +1037,8 @@ class Mapper:
     rec_text = text(row.get('recompute'))
     entry = self.conv.first(self.conv.recompute, rec_text) if rec_text \
       else None
-    if entry is not None and not entry.get('search'):
+    if self._recompute_cell(case, rec_text) is not None:
       axes['activation_recompute'] = [entry['value']]
-      if entry.get('approximate'):
-        case.approximations.append(entry['approximate'])
-      modules = [m['module'] for m in self.conv.recompute_modules
-                 if m['match'].search(rec_text)]
-      if entry['value'] == 'selective' and modules:
-        label = recompute_modules_label(sorted(set(modules)))
-        case.fixed['recompute_modules'] = label
-        case.assume('recompute_modules', label,
-                    f'recompute column {rec_text!r} (recompute_modules '
-                    'table)')
     else:
       axes['activation_recompute'] = from_rule(
         'activation_recompute', RECOMPUTE_NAMES,
