@@ -275,6 +275,10 @@ def test_llama_searches_within_what_its_paper_states(frame):
   err = rows.loc[rows['err_gpu_hours_pct'].notna(), 'err_gpu_hours_pct']
   assert len(err) == 11
   assert (err > 0).sum() >= 2 and (err < 0).sum() >= 2
+  s = W.summary(frame)['gpu_hours']
+  assert (s['above'], s['below']) == ((err > 0).sum(), (err < 0).sum())
+  assert f"{s['above']} above and {s['below']} below the published " \
+    'figure' in W.format_report(frame)
 
 
 def _one_row(tmp_path, rid):

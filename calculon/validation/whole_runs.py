@@ -789,9 +789,10 @@ def results_frame(results):
 def summary(frame):
   """Counts ('priced': with a published figure to compare with;
   'predicted': priced, nothing published) and, per metric, the rows
-  compared and the median, mean and max |error| (percent) and the median
-  signed error (the predicted rows have no error, so no median holds
-  them)."""
+  compared and the median, mean and max |error| (percent), the median
+  signed error and the rows predicted above and below the published
+  figure ('above', 'below': whether the errors are one-sided; the
+  predicted rows have no error, so no median or count holds them)."""
   out = {'rows': int(len(frame)),
          'priced': int((frame['status'] == 'ok').sum()),
          'predicted': int((frame['status'] == 'predicted').sum()),
@@ -813,11 +814,13 @@ def summary(frame):
                      'median_abs_error_pct': float(np.median(a)),
                      'mean_abs_error_pct': float(a.mean()),
                      'max_abs_error_pct': float(a.max()),
-                     'median_error_pct': float(np.median(errs))}
+                     'median_error_pct': float(np.median(errs)),
+                     'above': int((errs > 0).sum()),
+                     'below': int((errs < 0).sum())}
     else:
       out[metric] = {'n': 0, 'median_abs_error_pct': None,
                      'mean_abs_error_pct': None, 'max_abs_error_pct': None,
-                     'median_error_pct': None}
+                     'median_error_pct': None, 'above': 0, 'below': 0}
   return out
 
 
@@ -901,7 +904,8 @@ def format_report(frame, verbose=False):
                    f"{m['median_abs_error_pct']:.1f}%, mean "
                    f"{m['mean_abs_error_pct']:.1f}%, max "
                    f"{m['max_abs_error_pct']:.1f}%; median error "
-                   f"{m['median_error_pct']:+.1f}%")
+                   f"{m['median_error_pct']:+.1f}%; {m['above']} above and "
+                   f"{m['below']} below the published figure")
   no = frame[~frame['status'].isin(('ok', 'predicted'))]
   if len(no):
     lines += ['', 'Not priced (reason):']
