@@ -34,7 +34,7 @@ TIME_PARTS = (
   ('DP communication (exposed)', 'dp_comm_exposed_time'),
   ('forward offload (exposed)', 'fw_offload_exposed_time'),
   ('backward offload (exposed)', 'bw_offload_exposed_time'),
-  ('CP ring (exposed)', 'cp_comm_exposed_time'),
+  ('CP communication (exposed)', 'cp_comm_exposed_time'),
   ('FSDP communication (exposed)', 'fsdp_comm_exposed_time'),
   ('FSDP buffer copies', 'fsdp_copy_time'),
   ('EP dispatch/combine (exposed)', 'ep_comm_exposed_time'),

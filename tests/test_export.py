@@ -161,6 +161,33 @@ def test_torchtitan_pipeline_batch_and_stages():
   assert s['activation_checkpoint'] is None
 
 
+def test_context_parallel_exchange_in_both_exports():
+  """The CP exchange as each framework names it: torchtitan's preset
+  all-gathers (parallelism.context_parallel_rotate_method 'allgather', its
+  default; 'alltoall' passes K/V to the next rank, the ring), Megatron-Core
+  rings unless told (model.cp_comm_type 'p2p', or 'all_gather'); neither
+  is written without CP."""
+  cp = dict(num_procs=64, tensor_par=8, pipeline_par=1, data_par=4,
+            context_par=2, batch_size=64, microbatch_size=1)
+  p = TT.settings(C.inp('llama3-70B', 'torchtitan', **cp))['parallelism']
+  assert p['context_parallel_rotate_method'] == 'allgather'
+  p = TT.settings(C.inp('llama3-70B', 'torchtitan', context_par_comm='ring',
+                        **cp))['parallelism']
+  assert p['context_parallel_rotate_method'] == 'alltoall'
+  m = MB.overrides(C.inp('llama3-70B', 'megatron-core', **cp))['model']
+  assert m['cp_comm_type'] == 'p2p'
+  m = MB.overrides(C.inp('llama3-70B', 'megatron-core',
+                         context_par_comm='all_gather', **cp))['model']
+  assert m['cp_comm_type'] == 'all_gather'
+  m = MB.overrides(C.inp('llama3-70B', 'megatron-core', num_procs=64,
+                         tensor_par=8, data_par=8, batch_size=64))['model']
+  assert m['cp_comm_type'] is None
+  p = TT.settings(C.inp('llama3-70B', 'torchtitan', num_procs=64,
+                        tensor_par=8, data_par=8,
+                        batch_size=64))['parallelism']
+  assert p['context_parallel_rotate_method'] is None
+
+
 def test_torchtitan_without_pp_accumulates_gradients():
   # TP 8 x DP 64, batch 512, microbatch 2: local_batch_size 2 and
   # 512 / (2 x 64) = 4 accumulation steps, the execution's 4 microbatches.

@@ -375,6 +375,43 @@ def test_context_parallelism_divides_work_and_rings_kv():
   assert value(sharded.optimizer_shards) == 4
 
 
+def test_context_parallel_all_gather_gathers_once_a_layer():
+  """context_par_comm 'all_gather' (Llama 3, arXiv 2407.21783 section
+  3.3.2; torchtitan's default context_parallel_rotate_method 'allgather';
+  Megatron-Core --cp-comm-type all_gather): the forward pass all-gathers
+  the cp K/V chunks once a layer (a buffer of cp chunks), behind the
+  attention of the local chunk only; the backward gathers them again and
+  reduce-scatters their gradients (twice the buffer).  Over the batch the
+  link carries that instead of the ring's cp - 1 steps each way."""
+  app = llama(num_blocks=2, seq_size=32768)
+  ring = evaluation(app, H100, attention_kernel='flash', context_par=8,
+                    data_par=1, context_par_net=1)
+  gather = evaluation(app, H100, attention_kernel='flash', context_par=8,
+                      data_par=1, context_par_net=1,
+                      context_par_comm='all_gather')
+  kv = 2 * (32768 // 8) * 8 * 128 * 2            # one rank's K/V, bytes
+  assert value(gather.block_cp_bytes) == kv
+  net = H100.networks
+  ag = value(net.collective_time_s('all_gather', 8 * kv, 8, 1, 1))
+  rs = value(net.collective_time_s('reduce_scatter', 16 * kv, 8, 1, 1))
+  fw, bw = (value(x) for x in gather._cp_gather_s)
+  assert fw == pytest.approx(ag) and bw == pytest.approx(ag + rs)
+  window = value(gather.block.core_fw_time) / 8
+  usage = value(net.usage(1))
+  assert value(gather.block_cp_fw_exposed_s) == pytest.approx(
+    max(ag - window, 0) + min(ag, window) * usage)
+  # One gather is exposed where the ring's seven steps hide behind seven
+  # attention steps: the all-gather exchange costs more on this tier.
+  assert value(gather.cp_comm_exposed_time_s) > \
+    value(ring.cp_comm_exposed_time_s)
+  assert value(gather.cp_comm_link_time_s) == pytest.approx(
+    value(gather.block_microbatches) * (2 * ag + rs))
+  # Without CP nothing is exchanged either way.
+  none = evaluation(app, H100, attention_kernel='flash',
+                    context_par_comm='all_gather')
+  assert value(none.cp_comm_link_time_s) == 0
+
+
 def test_context_parallel_merge_passes_over_memory():
   """Each ring step's partial output is merged outside the attention
   kernel (Transformer Engine flash_attn_fwd_out_correction_init / _correction:

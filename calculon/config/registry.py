@@ -44,6 +44,7 @@ ATTENTION_KERNEL_NAMES = ('standard', 'flash')
 PRECISION_RECIPE_NAMES = ('uniform', 'transformer_engine')
 SCALING_NAMES = ('delayed', 'current', 'block')
 CROSS_ENTROPY_NAMES = ('fused', 'unfused', 'compiled', 'eager')
+CONTEXT_PAR_COMM_NAMES = ('ring', 'all_gather')
 DISPATCHER_NAMES = ('alltoall', 'allgather', 'deepep')
 MOE_OVERLAP_NAMES = ('none', 'shared_experts', 'compute')
 CHECKPOINT_LAYOUT_NAMES = ('whole', 'as_input')
@@ -490,6 +491,25 @@ EXECUTION = (
        'validation/fit_overlap_efficiency.py)',
        requires=('tensor_par_overlap', ('ring', 'pipe'),
                  'it qualifies a tiled TP overlap')),
+  _beh('context_par_comm', _choice(CONTEXT_PAR_COMM_NAMES), 'communication',
+       "with CP > 1, how the CP ranks exchange K and V: 'ring' passes one "
+       'K/V chunk a step, each transfer behind the attention of the chunk '
+       "before; 'all_gather' gathers every rank's K and V once a layer "
+       'behind the attention of the local chunk (and in the backward pass '
+       'gathers them again and reduce-scatters their gradients behind the '
+       "local chunk's backward)", names=CONTEXT_PAR_COMM_NAMES,
+       absent='ring', absent_doc="'ring' (Megatron-Core's --cp-comm-type "
+       'p2p default)',
+       source="Megatron-Core --cp-comm-type (p2p, the default, or "
+       "all_gather: Transformer Engine AttnFuncWithCPAndKVP2P / "
+       "AttnFuncWithCPAndKVAllGather); torchtitan "
+       "context_parallel_rotate_method, default 'allgather' (PyTorch "
+       "torch/distributed/tensor/experimental/_attention.py "
+       "_AllGatherRotater: 'all-gather all kv shards on ranks after the "
+       "first sub-SDPA computation'); Llama 3 (Grattafiori et al. 2024, "
+       "arXiv 2407.21783) section 3.3.2: all-gather based CP, 'the "
+       "all-gather communication latency is exposed in the critical "
+       "path'"),
   _beh('tiled_gemm_size', _choice(TILED_GEMM_SIZE_NAMES), 'communication',
        "with a tiled TP overlap: 'tile': an overlapped GEMM runs as the "
        "chunk GEMMs Transformer Engine's userbuffers split it into (TP for "

@@ -15,6 +15,7 @@ repositories stop before the releases, NVIDIA-NeMo/Megatron-Bridge at
   (``megatron/core/model_parallel_config.py``: tensor_model_parallel_size,
   pipeline_model_parallel_size, virtual_pipeline_model_parallel_size,
   sequence_parallel, context_parallel_size, expert_model_parallel_size,
+  cp_comm_type ('p2p', the ring, or 'all_gather'; written with CP > 1),
   expert_tensor_parallel_size (None means TP there, so it is always
   written), cpu_offloading*; ``megatron/core/transformer/
   transformer_config.py``: pipeline_model_parallel_layout,
@@ -185,6 +186,8 @@ def overrides(inp):
     'pipeline_model_parallel_size': int(e.pipeline_par),
     'virtual_pipeline_model_parallel_size': vp if vp > 1 else None,
     'context_parallel_size': int(e.context_par),
+    'cp_comm_type': ('all_gather' if e.context_par_comm == 'all_gather'
+                     else 'p2p') if e.context_par > 1 else None,
     'sequence_parallel': e.tensor_par_comm_type == 'rs_ag' and
     e.tensor_par > 1,
     'expert_model_parallel_size': int(e.expert_par),

@@ -114,8 +114,8 @@ STATS = (
 #: Statistics of the features beyond Calculon (0 when unused), appended
 #: to Calculon's list.
 MODERN_STATS = (
-  _S('cp_comm_link_time', 'cp_comm_link_time_s', 's', 'context-parallel ring communication on the link'),
-  _S('cp_comm_exposed_time', 'cp_comm_exposed_time_s', 's', 'context-parallel ring communication exposed'),
+  _S('cp_comm_link_time', 'cp_comm_link_time_s', 's', 'context-parallel communication (ring or all-gather) on the link'),
+  _S('cp_comm_exposed_time', 'cp_comm_exposed_time_s', 's', 'context-parallel communication (ring or all-gather) exposed'),
   _S('fsdp_comm_link_time', 'fsdp_comm_link_time_s', 's', 'FSDP (ZeRO-3) all-gathers and reduce-scatters on the link'),
   _S('fsdp_comm_exposed_time', 'fsdp_comm_exposed_time_s', 's', 'FSDP (ZeRO-3) communication exposed'),
   _S('fsdp_copy_time', 'fsdp_copy_time_s', 's', 'FSDP buffer copies on the compute stream (PyTorch FSDP2)'),

@@ -1,12 +1,13 @@
-"""Context parallelism: the ring that passes K and V between the CP ranks
-of every attention layer.
+"""Context parallelism: how the CP ranks of every attention layer
+exchange K and V -- a ring passing one chunk a step, or one all-gather a
+layer (``context_par_comm``).
 
 Provides :class:`ContextTerms` and its :data:`~ContextTerms.CONCERN` (the
 block terms ``block_cp_fw_exposed_s``, ``block_cp_bw_exposed_s``; the
-batch term ``cp_comm_exposed_time_s``): the bytes of one ring step
-(``block_cp_bytes``), what of a block's ring shows
-(``block_cp_fw_exposed_s``, ``block_cp_bw_exposed_s``), and the ring over
-the batch (``cp_comm_link_time_s``, ``cp_comm_exposed_time_s``).
+batch term ``cp_comm_exposed_time_s``): the bytes of one rank's K/V chunk
+(``block_cp_bytes``), what of a block's exchange shows
+(``block_cp_fw_exposed_s``, ``block_cp_bw_exposed_s``), and the exchange
+over the batch (``cp_comm_link_time_s``, ``cp_comm_exposed_time_s``).
 
 Reads: ``system``, ``exe``, ``cp``, ``training``, ``io_bytes``,
 ``shape``, ``cp_usage`` (:mod:`~calculon.llm.terms.base`); ``block``
@@ -18,7 +19,7 @@ from functools import cached_property
 
 import numpy as np
 
-from calculon.config.execution import RECOMPUTE_NONE
+from calculon.config.execution import CP_COMM_ALL_GATHER, RECOMPUTE_NONE
 from calculon.llm.terms.base import Concern, _hidden_behind
 
 
@@ -52,33 +53,82 @@ class ContextTerms:
     return np.where(on, fw, 0), np.where(on & self.training, bw, 0)
 
   @cached_property
+  def _all_gather(self):
+    """Executions whose CP ranks all-gather K and V (``context_par_comm``
+    'all_gather'; else the ring)."""
+    return np.asarray(self.exe.context_par_comm) == CP_COMM_ALL_GATHER
+
+  @cached_property
+  def _cp_gather_s(self):
+    """(forward, backward) seconds of the all-gather exchange of one block
+    and microbatch: the forward all-gathers the K and V chunks of the cp
+    ranks (a buffer of cp chunks); the backward gathers them again and
+    reduce-scatters their gradients, twice the buffer (Transformer Engine
+    AttnFuncWithCPAndKVAllGather; Grattafiori et al. 2024, arXiv
+    2407.21783, section 3.3.2).  The CP ranks fill a node after the TP
+    ranks (Megatron-Core's tp-cp-ep-dp-pp order; torchtitan's [pp, dp,
+    cp, tp] mesh agrees): ``min(cp, node // tp)`` of them in one node
+    (:meth:`calculon.hardware.network.Networks.collective_time_s`)."""
+    net, e = self.system.networks, self.exe
+    tier = e.context_par_net
+    buffer = self.cp * self.block_cp_bytes
+    if net.has_rails:
+      node = net.size[np.maximum(np.asarray(tier) - 1, 0)]
+      in_node = np.minimum(self.cp, np.maximum(node // self.tp, 1))
+    else:
+      in_node = 1
+    with np.errstate(divide='ignore', invalid='ignore'):
+      ag = net.collective_time_s('all_gather', buffer, self.cp, tier,
+                                 in_node)
+      rs = net.collective_time_s('reduce_scatter', 2 * buffer, self.cp,
+                                 tier, in_node)
+    on = self.cp > 1
+    return (np.where(on, ag, 0),
+            np.where(on & self.training, ag + rs, 0))
+
+  @cached_property
   def block_cp_fw_exposed_s(self):
-    """Forward ring time not hidden: each of the cp - 1 transfers overlaps
-    one attention step (1 / cp of the attention core's forward), which it
-    slows (:func:`_hidden_behind`)."""
+    """Forward exchange time not hidden (:func:`_hidden_behind`, which
+    also slows the compute it overlaps by the tier's processor usage).
+    Ring: each of the cp - 1 transfers overlaps one attention step (1 / cp
+    of the attention core's forward).  All-gather: the one gather overlaps
+    the attention of the local chunk (1 / cp of it; PyTorch's
+    _AllGatherRotater)."""
     fw, _ = self._cp_step_s
-    steps = self.cp - 1
-    return steps * _hidden_behind(fw, self.block.core_fw_time / self.cp,
-                                  self.cp_usage)
+    window = self.block.core_fw_time / self.cp
+    ring = (self.cp - 1) * _hidden_behind(fw, window, self.cp_usage)
+    if not np.any(self._all_gather):
+      return ring
+    gather = _hidden_behind(self._cp_gather_s[0], window, self.cp_usage)
+    return np.where(self._all_gather, gather, ring)
 
   @cached_property
   def block_cp_bw_exposed_s(self):
-    """Backward ring time not hidden by the attention core's backward (and
-    the forward ring again when the attention core is recomputed)."""
+    """Backward exchange time not hidden by the attention core's backward
+    (ring: each step behind 1 / cp of it; all-gather: the gather and the
+    gradients' reduce-scatter behind the local chunk's 1 / cp), and the
+    forward exchange again when the attention core is recomputed."""
     fw, bw = self._cp_step_s
-    steps = self.cp - 1
     b = self.block
-    exposed = steps * _hidden_behind(bw, b.core_bw_time / self.cp,
-                                     self.cp_usage)
+    window = b.core_bw_time / self.cp
+    exposed = (self.cp - 1) * _hidden_behind(bw, window, self.cp_usage)
+    if np.any(self._all_gather):
+      exposed = np.where(self._all_gather, _hidden_behind(
+        self._cp_gather_s[1], window, self.cp_usage), exposed)
     redo = self.exe.activation_recompute != RECOMPUTE_NONE
     return exposed + np.where(redo & self.training,
                               self.block_cp_fw_exposed_s, 0)
 
   @cached_property
   def cp_comm_link_time_s(self):
-    """Context-parallel ring communication on the link, whole batch."""
+    """Context-parallel communication on the link, whole batch."""
     fw, bw = self._cp_step_s
-    return self.block_microbatches * (self.cp - 1) * (fw + bw)
+    ring = self.block_microbatches * (self.cp - 1) * (fw + bw)
+    if not np.any(self._all_gather):
+      return ring
+    gfw, gbw = self._cp_gather_s
+    return np.where(self._all_gather,
+                    self.block_microbatches * (gfw + gbw), ring)
 
   @cached_property
   def cp_comm_exposed_time_s(self):
