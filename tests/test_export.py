@@ -162,18 +162,19 @@ def test_torchtitan_pipeline_batch_and_stages():
 
 
 def test_context_parallel_exchange_in_both_exports():
-  """The CP exchange as each framework names it: torchtitan's preset
-  all-gathers (parallelism.context_parallel_rotate_method 'allgather', its
-  default; 'alltoall' passes K/V to the next rank, the ring), Megatron-Core
-  rings unless told (model.cp_comm_type 'p2p', or 'all_gather'); neither
-  is written without CP."""
+  """The CP exchange as each framework runs it: torchtitan 0.3.0
+  all-gathers K and V with no option for the ring (PyTorch's CP dispatcher,
+  rotate_method ALL_GATHER), so its preset's executions export as they are
+  and a ring is refused; Megatron-Core rings unless told (model.cp_comm_type
+  'p2p', or 'all_gather'), not written without CP."""
   cp = dict(num_procs=64, tensor_par=8, pipeline_par=1, data_par=4,
             context_par=2, batch_size=64, microbatch_size=1)
   p = TT.settings(C.inp('llama3-70B', 'torchtitan', **cp))['parallelism']
-  assert p['context_parallel_rotate_method'] == 'allgather'
-  p = TT.settings(C.inp('llama3-70B', 'torchtitan', context_par_comm='ring',
-                        **cp))['parallelism']
-  assert p['context_parallel_rotate_method'] == 'alltoall'
+  assert p['context_parallel_degree'] == 2
+  assert 'context_parallel_rotate_method' not in p  # not in 0.3.0's config
+  with pytest.raises(ConfigError, match="field 'context_par_comm'"):
+    TT.settings(C.inp('llama3-70B', 'torchtitan', context_par_comm='ring',
+                      **cp))
   m = MB.overrides(C.inp('llama3-70B', 'megatron-core', **cp))['model']
   assert m['cp_comm_type'] == 'p2p'
   m = MB.overrides(C.inp('llama3-70B', 'megatron-core',
@@ -182,10 +183,6 @@ def test_context_parallel_exchange_in_both_exports():
   m = MB.overrides(C.inp('llama3-70B', 'megatron-core', num_procs=64,
                          tensor_par=8, data_par=8, batch_size=64))['model']
   assert m['cp_comm_type'] is None
-  p = TT.settings(C.inp('llama3-70B', 'torchtitan', num_procs=64,
-                        tensor_par=8, data_par=8,
-                        batch_size=64))['parallelism']
-  assert p['context_parallel_rotate_method'] is None
 
 
 def test_torchtitan_without_pp_accumulates_gradients():

@@ -502,11 +502,10 @@ EXECUTION = (
        'p2p default)',
        source="Megatron-Core --cp-comm-type (p2p, the default, or "
        "all_gather: Transformer Engine AttnFuncWithCPAndKVP2P / "
-       "AttnFuncWithCPAndKVAllGather); torchtitan "
-       "context_parallel_rotate_method, default 'allgather' (PyTorch "
-       "torch/distributed/tensor/experimental/_attention.py "
-       "_AllGatherRotater: 'all-gather all kv shards on ranks after the "
-       "first sub-SDPA computation'); Llama 3 (Grattafiori et al. 2024, "
+       "AttnFuncWithCPAndKVAllGather); PyTorch's context parallelism, "
+       "which torchtitan runs (torch/distributed/tensor/experimental/"
+       "_context_parallel/_attention.py: rotate_method ALL_GATHER by "
+       "default, _AllGatherRotater); Llama 3 (Grattafiori et al. 2024, "
        "arXiv 2407.21783) section 3.3.2: all-gather based CP, 'the "
        "all-gather communication latency is exposed in the critical "
        "path'"),

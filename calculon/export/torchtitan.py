@@ -16,8 +16,6 @@ b5bcd76c6, 2026-08-21):
   enable_sequence_parallel, pipeline_parallel_degree,
   module_fqns_per_model_part, pipeline_parallel_schedule,
   pipeline_parallel_microbatch_size, context_parallel_degree,
-  context_parallel_rotate_method ('allgather', its default, or 'alltoall':
-  K/V passed to the next rank a step, the ring; written with CP > 1),
   expert_parallel_degree), TrainingConfig (local_batch_size: per
   data-parallel rank per gradient-accumulation step, split into pipeline
   microbatches of pipeline_parallel_microbatch_size with PP;
@@ -103,6 +101,12 @@ def refusals(inp):
     raise refuse(inp, t, 'data_par_sharding', 'with context parallelism '
                  'FSDP2 shards the weights over the CP ranks '
                  '(parallel_dims.py: the fsdp mesh is dp_shard x cp)')
+  if e.context_par > 1 and e.context_par_comm != 'all_gather':
+    raise refuse(inp, t, 'context_par_comm', 'its context parallelism '
+                 "all-gathers K and V and has no option for the ring "
+                 '(torchtitan/distributed/context_parallel/api.py '
+                 "apply_cp_to_forward: PyTorch's CP dispatcher, whose "
+                 'rotate_method is ALL_GATHER, or flex_cp_allgather)')
   if e.expert_tensor_par != 1:
     raise refuse(inp, t, 'expert_tensor_par', 'its experts are not '
                  'tensor-parallel: EP borrows ranks from FSDP and TP '
@@ -208,9 +212,6 @@ def settings(inp):
     'pipeline_parallel_microbatch_size': int(e.microbatch_size),
     'module_fqns_per_model_part': _fqns(inp) if pp > 1 else None,
     'context_parallel_degree': int(e.context_par),
-    'context_parallel_rotate_method': (
-      'allgather' if e.context_par_comm == 'all_gather' else 'alltoall')
-    if e.context_par > 1 else None,
     'expert_parallel_degree': int(e.expert_par),
   }
   local = inp.local_batch if pp > 1 else int(e.microbatch_size)

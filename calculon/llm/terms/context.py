@@ -65,7 +65,8 @@ class ContextTerms:
     ranks (a buffer of cp chunks); the backward gathers them again and
     reduce-scatters their gradients, twice the buffer (Transformer Engine
     AttnFuncWithCPAndKVAllGather; Grattafiori et al. 2024, arXiv
-    2407.21783, section 3.3.2).  The CP ranks fill a node after the TP
+    2407.21783, section 3.3.2; PyTorch's context parallelism passes the
+    gradients round the ring instead, the same bytes).  The CP ranks fill a node after the TP
     ranks (Megatron-Core's tp-cp-ep-dp-pp order; torchtitan's [pp, dp,
     cp, tp] mesh agrees): ``min(cp, node // tp)`` of them in one node
     (:meth:`calculon.hardware.network.Networks.collective_time_s`)."""
