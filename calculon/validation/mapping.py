@@ -928,15 +928,13 @@ class Mapper:
     self._stated_search_columns(case, axes, fields, choices)
     return framework, fields, choices
 
-  def _recompute_cell(self, case, rec_text):
-    """The recompute table's entry for a row's recompute cell, or None
-    (blank, not understood, or a 'search' entry): its approximation noted
-    and, for a selective entry naming modules, ``recompute_modules`` fixed
-    in ``case``."""
-    entry = self.conv.first(self.conv.recompute, rec_text) if rec_text \
-      else None
+  def _take_recompute(self, case, rec_text, entry):
+    """Whether the recompute table's ``entry`` for a row's recompute cell
+    ``rec_text`` fixes the recomputation (not None, not a 'search' entry);
+    if so its approximation is noted and, for a selective entry naming
+    modules, ``recompute_modules`` fixed in ``case``."""
     if entry is None or entry.get('search'):
-      return None
+      return False
     if entry.get('approximate'):
       case.approximations.append(entry['approximate'])
     modules = [m['module'] for m in self.conv.recompute_modules
@@ -947,7 +945,7 @@ class Mapper:
       case.assume('recompute_modules', label,
                   f'recompute column {rec_text!r} (recompute_modules '
                   'table)')
-    return entry
+    return True
 
   def _stated_search_columns(self, case, axes, fields, choices):
     """The recompute and seq_parallel cells of a searched row, as a stated
@@ -957,9 +955,10 @@ class Mapper:
     tables do not read leaves its axis as it was."""
     row = case.row
     rec_text = text(row.get('recompute'))
+    entry = self.conv.first(self.conv.recompute, rec_text) if rec_text \
+      else None
     if 'activation_recompute' in axes:
-      entry = self._recompute_cell(case, rec_text)
-      if entry is not None:
+      if self._take_recompute(case, rec_text, entry):
         choices['activation_recompute'] = [entry['value']]
         case.assume('activation_recompute', entry['value'],
                     f'recompute {rec_text!r} (recompute table)')
@@ -1037,7 +1036,7 @@ class Mapper:
     rec_text = text(row.get('recompute'))
     entry = self.conv.first(self.conv.recompute, rec_text) if rec_text \
       else None
-    if self._recompute_cell(case, rec_text) is not None:
+    if self._take_recompute(case, rec_text, entry):
       axes['activation_recompute'] = [entry['value']]
     else:
       axes['activation_recompute'] = from_rule(

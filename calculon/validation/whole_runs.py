@@ -602,7 +602,7 @@ def _stated_without_degrees(row, facts, out):
   said = stated_techniques(text)
   limits, seq_parallel = {}, ''
   if said['tp']:
-    limits['tp'] = ((2, 1 << 30),)
+    limits['tp'] = ((2, math.inf),)
     out.assumptions.append(('tp', '>= 2', f'{why} names tensor (model) '
                             'parallelism without a degree: searched from 2'))
     if not said['pp']:

@@ -111,6 +111,22 @@ def _max(a, b):
   return np.where(b > a, b, a)
 
 
+def _ranks_per_domain(networks, group, tier, inner):
+  """Ranks of a ``group`` of processors communicating on network ``tier``
+  that share one domain of the tier below (a node), for the system's
+  ``rails`` (:meth:`calculon.hardware.network.Networks.collective_time_s`):
+  ranks are laid out as Megatron-Core orders them (``tp-cp-ep-dp-pp``, TP
+  innermost; torchtitan's ``[pp, dp, cp, tp]`` mesh agrees), so the
+  ``inner`` parallelisms inside the group's ranks fill a domain first and
+  the group's own ranks the rest: ``min(group, max(S // inner, 1))`` of
+  them in a domain of ``S`` processors.  1 on a system without ``rails``
+  (nothing to compute)."""
+  if not networks.has_rails:
+    return 1
+  size = networks.size[np.maximum(np.asarray(tier) - 1, 0)]
+  return np.minimum(group, np.maximum(size // inner, 1))
+
+
 
 #: What one concern adds to the times of a block and of the batch (its
 #: ``CONCERN`` class attribute; :class:`~calculon.llm.terms.evaluation.

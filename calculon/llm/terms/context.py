@@ -20,7 +20,8 @@ from functools import cached_property
 import numpy as np
 
 from calculon.config.execution import CP_COMM_ALL_GATHER, RECOMPUTE_NONE
-from calculon.llm.terms.base import Concern, _hidden_behind
+from calculon.llm.terms.base import (
+  Concern, _hidden_behind, _ranks_per_domain)
 
 
 class ContextTerms:
@@ -66,23 +67,15 @@ class ContextTerms:
     reduce-scatters their gradients, twice the buffer (Transformer Engine
     AttnFuncWithCPAndKVAllGather; Grattafiori et al. 2024, arXiv
     2407.21783, section 3.3.2; PyTorch's context parallelism passes the
-    gradients round the ring instead, the same bytes).  The CP ranks fill a node after the TP
-    ranks (Megatron-Core's tp-cp-ep-dp-pp order; torchtitan's [pp, dp,
-    cp, tp] mesh agrees): ``min(cp, node // tp)`` of them in one node
-    (:meth:`calculon.hardware.network.Networks.collective_time_s`)."""
-    net, e = self.system.networks, self.exe
-    tier = e.context_par_net
+    gradients round the ring instead, the same bytes).  The CP ranks fill
+    a node after the TP ranks
+    (:func:`~calculon.llm.terms.base._ranks_per_domain`)."""
+    net, tier = self.system.networks, self.exe.context_par_net
     buffer = self.cp * self.block_cp_bytes
-    if net.has_rails:
-      node = net.size[np.maximum(np.asarray(tier) - 1, 0)]
-      in_node = np.minimum(self.cp, np.maximum(node // self.tp, 1))
-    else:
-      in_node = 1
-    with np.errstate(divide='ignore', invalid='ignore'):
-      ag = net.collective_time_s('all_gather', buffer, self.cp, tier,
-                                 in_node)
-      rs = net.collective_time_s('reduce_scatter', 2 * buffer, self.cp,
-                                 tier, in_node)
+    in_node = _ranks_per_domain(net, self.cp, tier, self.tp)
+    ag = net.collective_time_s('all_gather', buffer, self.cp, tier, in_node)
+    rs = net.collective_time_s('reduce_scatter', 2 * buffer, self.cp, tier,
+                               in_node)
     on = self.cp > 1
     return (np.where(on, ag, 0),
             np.where(on & self.training, ag + rs, 0))

@@ -29,7 +29,8 @@ import numpy as np
 
 from calculon.config.execution import (
   RECIPE_TE, SHARD_GRADIENTS, SHARD_OPTIMIZER, UNSET)
-from calculon.llm.terms.base import _hidden_behind, _min
+from calculon.llm.terms.base import (
+  _hidden_behind, _min, _ranks_per_domain)
 
 
 class DataTerms:
@@ -90,12 +91,9 @@ class DataTerms:
     below DP contradicts that order; reading them costs the pruned MoE
     searches 25-40 %, docs/performance.md).  1 on a system without
     ``rails`` (nothing to compute)."""
-    e, nets = self.exe, self.system.networks
-    if not nets.has_rails:
-      return 1
-    size = nets.size[np.maximum(e.data_par_net - 1, 0)]
     inner = self.etp * self.ep if experts else self.tp
-    return np.minimum(group, np.maximum(size // inner, 1))
+    return _ranks_per_domain(self.system.networks, group,
+                             self.exe.data_par_net, inner)
 
   def _dp_group_time_s(self, reduce, gather, dp, experts=False):
     """(total, all-gather) seconds of one group's end-of-batch DP
