@@ -190,14 +190,45 @@ def test_llama31_405b_within_15_percent_of_its_published_gpu_hours(frame):
   assert abs(row['err_gpu_hours_pct']) <= 15
 
 
-def test_gpu_hours_median_error_within_20_percent(frame):
-  """Issue 35's target on the default files: the median |error| of the
-  predicted GPU-hours against the published ones is at most 20 % (over
+def test_gpu_hours_median_error_within_12_percent(frame):
+  """Issue 46's target on the default files: the median |error| of the
+  predicted GPU-hours against the published ones is at most 12 % (over
   the 11 rows with a published figure, BLOOM's among them; the predicted
-  rows in none: docs/accuracy.md section 4)."""
+  rows in none: docs/accuracy.md section 4), with rows on both sides."""
   s = W.summary(frame)['gpu_hours']
   assert s['n'] == 11
-  assert s['median_abs_error_pct'] <= 20
+  assert s['median_abs_error_pct'] <= 12
+  assert s['above'] >= 3 and s['below'] >= 3
+
+
+def test_training_dates_bound_the_era(frame):
+  """The Llama 2 model card: "Llama 2 was trained between January 2023
+  and July 2023", before Transformer Engine's tiled TP overlap (release
+  v0.8, 2023-04-27), though the paper (arXiv 2307.09288) is of July: the
+  era rule reads the month training began, so the searched Llama 2 plans
+  overlap no TP communication."""
+  rows = frame.set_index('id')
+  for rid in ('llama2-7b', 'llama2-13b', 'llama2-34b', 'llama2-70b'):
+    assert 'trained_from=2023-01' in rows.loc[rid, 'assumptions'], rid
+    assert json.loads(rows.loc[rid, 'execution'])['tensor_par_overlap'] == \
+      'none', rid
+  # LLaMA 3.1 405B (2024) states its layout and no start: not bounded.
+  assert 'trained_from' not in rows.loc['llama3.1-405b', 'assumptions']
+
+
+def test_trained_from_column_reads_the_era_rules():
+  """A published row with a trained_from column before May 2023 is priced
+  without tiled TP overlap even when its source is later; without the
+  column the source's date alone decides."""
+  from calculon.validation import conventions as C
+  conv = C.load(C.default_path(ROOT))
+  rule = next(r for r in conv.rules
+              if r.name == 'reported before tiled TP communication overlap')
+  later = {'source': 'Example et al. 2024, arXiv 2407.00001'}
+  assert not rule.applies(later)
+  assert rule.applies(dict(later, trained_from='2023-02'))
+  assert not rule.applies(dict(later, trained_from='2023-05'))
+  assert rule.applies({'source': 'arXiv 2302.13971'})
 
 
 def test_searched_rows_take_the_rules_of_their_source(frame):
@@ -241,17 +272,26 @@ def test_parse_layout():
 def test_stated_techniques():
   """What a parallelism text states without degrees: tensor (model)
   parallelism, sequence parallelism (on TP ranks: Korthikanti et al.,
-  arXiv 2205.05198, section 4.2.2), pipelining, the checkpointing phrase."""
+  arXiv 2205.05198, section 4.2.2), pipelining, the data-parallel
+  sharding (FSDP shards the parameters: arXiv 2304.11277; ZeRO stages:
+  arXiv 1910.02054, section 5), the checkpointing phrase."""
   said = W.stated_techniques('model + sequence parallelism (Korthikanti et '
                              'al.) with activation checkpointing; degrees '
                              'not stated')
-  assert said == {'tp': True, 'sp': True, 'pp': False,
+  assert said == {'tp': True, 'sp': True, 'pp': False, 'sharding': '',
                   'recompute': 'checkpointing'}
   assert W.stated_techniques('pipeline model parallelism')['tp'] is False
   assert W.stated_techniques('pipeline model parallelism')['pp'] is True
   assert W.stated_techniques('FSDP (sharded data parallel), LION '
                              'optimizer') == {'tp': False, 'sp': False,
-                                              'pp': False, 'recompute': ''}
+                                              'pp': False,
+                                              'sharding': 'parameters',
+                                              'recompute': ''}
+  for text, sharding in (('ZeRO-1 with TP 8', 'optimizer'),
+                         ('ZeRO stage 2', 'gradients'), ('ZeRO-3', 'parameters'),
+                         ('Megatron distributed optimizer', 'optimizer'),
+                         ('FSDP=0 (DDP)', '')):
+    assert W.stated_techniques(text)['sharding'] == sharding, text
 
 
 def test_llama_searches_within_what_its_paper_states(frame):
@@ -279,6 +319,32 @@ def test_llama_searches_within_what_its_paper_states(frame):
   assert (s['above'], s['below']) == ((err > 0).sum(), (err < 0).sum())
   assert f"{s['above']} above and {s['below']} below the published " \
     'figure' in W.format_report(frame)
+
+
+def test_searched_rows_offload_and_shard_only_what_is_stated(frame):
+  """A searched row's unstated sharding and offloads are bounded as a
+  stated layout's (calculon.validation.mapping.UNSTATED_SHARDING, no
+  offload): without the bound LLaMA 65B (nothing in arXiv 2302.13971 on
+  sharding or offload) was searched at TP 2 with 61 GiB of replicated
+  weights, ZeRO-2 and 29 GiB of activations offloaded, 61 % MFU, 18 %
+  under the published 1,022,362 GPU-hours; bounded it runs TP 8 at about
+  49 % (the 380 tokens/s/GPU of section 2.4 is 50 %), within 5 %."""
+  rows = frame.set_index('id')
+  for rid in rows.index[rows['layout'].str.endswith('(searched)')]:
+    exe = json.loads(rows.loc[rid, 'execution'])
+    if rid == 'mpt-7b':
+      # "FSDP (sharded data parallel)" and nothing else: pure FSDP.
+      assert exe['data_par_sharding'] == 'parameters'
+      assert (exe['tensor_par'], exe['pipeline_par']) == (1, 1)
+    else:
+      assert exe['data_par_sharding'] in ('none', 'optimizer'), rid
+    assert not (exe['activations_offload'] or exe['weight_offload'] or
+                exe['optimizer_offload']), rid
+    assert 'activations_offload=False (unstated: not offloaded' in \
+      rows.loc[rid, 'assumptions'], rid
+  assert json.loads(rows.loc['llama1-65b', 'execution'])['tensor_par'] == 8
+  assert abs(rows.loc['llama1-65b', 'err_gpu_hours_pct']) < 5
+  assert 0.46 < rows.loc['llama1-65b', 'mfu'] < 0.52
 
 
 def _one_row(tmp_path, rid):

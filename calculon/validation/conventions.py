@@ -76,7 +76,7 @@ UNSTATED_MODES = ('fastest', 'default')
 #: ``pp: '^([2-9]|[1-9]\\d+)$'`` for pipeline parallelism).
 MATCH_COLUMNS = ('source', 'model_name', 'gpu_type', 'dtype', 'recompute',
                  'seq_parallel', 'notes', 'measured_metric_name', 'tp', 'pp',
-                 'dp', 'cp')
+                 'dp', 'cp', 'trained_from')
 
 
 def default_path(base_dir):

@@ -61,10 +61,12 @@ REQUIRED_COLUMNS = ('source', 'model_name', 'num_gpus', 'gpu_type',
 #: ``source_short`` (a label), ``system`` (a bundled system name or a JSON
 #: path), ``mlp``, ``block_layout``, ``assumptions`` (``key=value; ...``
 #: settings, see :data:`ASSUMPTION_ALIASES`), ``unsupported`` (reasons the
-#: row cannot be priced).  ``assumptions_why`` is informational.
+#: row cannot be priced), ``trained_from`` (YYYY-MM, when the run began
+#: training, where its source says: the conventions' era rules read it
+#: beside the source's date).  ``assumptions_why`` is informational.
 OVERRIDE_COLUMNS = ('id', 'source_group', 'source_short', 'system', 'mlp',
                     'block_layout', 'assumptions', 'assumptions_why',
-                    'unsupported')
+                    'unsupported', 'trained_from')
 
 #: Measured metrics and how each becomes a time.
 CONVERSIONS = {
@@ -191,6 +193,18 @@ CATEGORIES = {name: entry[1] for name, entry in
               if entry[1] is not None}
 #: The largest microbatch searched.
 MAX_MICROBATCH = 64
+#: The sharding an unstated data_par_sharding may be: none or ZeRO-1 (the
+#: distributed optimizer), the sharding every framework offers; gradient
+#: and parameter sharding (ZeRO-2/3, FSDP) change the step enough that a
+#: source using them names them (ZeRO, Rajbhandari et al., arXiv 1910.02054,
+#: section 5; FSDP, Zhao et al., arXiv 2304.11277).
+UNSTATED_SHARDING = ('none', 'optimizer')
+#: Offloads to the host a search may choose where the row states none: no
+#: offload (ZeRO-Offload, Ren et al., arXiv 2101.06840, and activation
+#: offloading are techniques a source that used them names; a stated
+#: layout's unstated offload is off as well).
+UNSTATED_OFFLOADS = ('weight_offload', 'activations_offload',
+                     'optimizer_offload')
 #: Notes keys (see the module docstring) -> application / execution field.
 NOTES_KEYS = {
   'num_experts': 'num_experts', 'top_k': 'top_k',
@@ -889,7 +903,7 @@ class Mapper:
       out[key] = (value[0] if isinstance(value, list) else value, why)
     return out
 
-  def search_settings(self, case, axes):
+  def search_settings(self, case, axes, stated=None):
     """What the conventions say of a row whose layout a search chooses
     (the whole-runs suite's rows that state no TP and PP): the framework
     and the rules' settings, as the published suite applies them to a
@@ -898,6 +912,8 @@ class Mapper:
     Args:
       case: a :class:`Case` built from the row (``case.app`` set).
       axes: the names of the axes the search varies.
+      stated: {axis: [values]} the row's text states (taken before the
+        unstated bounds; recorded by the caller).
 
     Returns:
       (framework, fields, choices): the preset's name (also set in
@@ -926,7 +942,29 @@ class Mapper:
       case.assume(key, choices[key] if len(choices[key]) > 1
                   else choices[key][0], why)
     self._stated_search_columns(case, axes, fields, choices)
+    choices.update({k: list(v) for k, v in (stated or {}).items()
+                    if k in axes})
+    self._unstated_search_bounds(case, axes, fields, choices)
     return framework, fields, choices
+
+  def _unstated_search_bounds(self, case, axes, fields, choices):
+    """A searched row's sharding and offloads that nothing states, bounded
+    as a stated layout's are (:data:`UNSTATED_SHARDING`, no offload:
+    :data:`UNSTATED_OFFLOADS`), so a search chooses only the layout and
+    the settings the published suite searches; ``choices`` restricted in
+    place and each bound recorded in ``case.assumptions``."""
+    def unset(key):
+      return key in axes and key not in choices and key not in fields
+    if unset('data_par_sharding'):
+      choices['data_par_sharding'] = list(UNSTATED_SHARDING)
+      case.assume('data_par_sharding', list(UNSTATED_SHARDING),
+                  'unstated: searched among no sharding and ZeRO-1, as a '
+                  'stated layout\'s (ZeRO-2/3 and FSDP are named where used)')
+    for key in UNSTATED_OFFLOADS:
+      if unset(key):
+        choices[key] = [False]
+        case.assume(key, False, 'unstated: not offloaded, as a stated '
+                    'layout (offloading is named where used)')
 
   def _take_recompute(self, case, rec_text, entry):
     """Whether the recompute table's ``entry`` for a row's recompute cell
@@ -1076,7 +1114,7 @@ class Mapper:
       axes['data_par_sharding'] = ['none']
     else:
       axes['data_par_sharding'] = from_rule(
-        'data_par_sharding', SHARDING_NAMES, ('none', 'optimizer'))
+        'data_par_sharding', SHARDING_NAMES, UNSTATED_SHARDING)
     axes['attention_kernel'] = from_rule('attention_kernel',
                                          ATTENTION_KERNEL_NAMES,
                                          ATTENTION_KERNEL_NAMES)

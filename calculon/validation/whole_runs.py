@@ -54,15 +54,19 @@ COLUMNS = (
 #: Columns a file must have.
 REQUIRED = ('model', 'source', 'seq_len', 'tokens_trained', 'gpu_type')
 #: Optional columns a user's file may add: ``global_batch_size`` (sequences),
-#: ``tp``, ``pp``, ``dp``, ``cp`` (the layout), ``dtype``.
-OPTIONAL = ('global_batch_size', 'tp', 'pp', 'dp', 'cp', 'dtype')
+#: ``tp``, ``pp``, ``dp``, ``cp`` (the layout), ``dtype``, ``trained_from``
+#: (YYYY-MM, the month training began).
+OPTIONAL = ('global_batch_size', 'tp', 'pp', 'dp', 'cp', 'dtype',
+            'trained_from')
 #: The metrics compared.
 METRICS = ('gpu_hours', 'wall_days', 'energy_mwh')
 
 #: Facts of whole runs their rows leave out: model name pattern -> the
 #: global batch in sequences (``batch``), the GPU count (``gpus``), the GPU
-#: type (``gpu_type``) and the tokens trained (``tokens``), each with its
-#: source (``why_<key>``); a row's own cell always wins.
+#: type (``gpu_type``), the tokens trained (``tokens``), what the training
+#: code did (``parallelism``, ``recompute``) and the month training began
+#: (``trained_from``, YYYY-MM: the conventions' era rules read it), each
+#: with its source (``why_<key>``); a row's own cell always wins.
 RUN_FACTS = (
   (r'^llama-(7|13|33|65)b$',
    {'batch': 2048, 'why_batch': 'LLaMA (arXiv 2302.13971) Table 2: batch '
@@ -83,7 +87,11 @@ RUN_FACTS = (
    {'batch': 1024, 'why_batch': 'Llama 2 (arXiv 2307.09288) section 2.2: '
     'global batch 4M tokens = 1,024 sequences of 4,096',
     'gpus': 2048, 'why_gpus': 'the Llama 2 paper states no GPU count: the '
-    "LLaMA 65B run's 2,048 A100s assumed"}),
+    "LLaMA 65B run's 2,048 A100s assumed",
+    'trained_from': '2023-01', 'why_trained_from': 'the Llama 2 model card '
+    '(meta-llama/llama-models models/llama2/MODEL_CARD.md, "Model Dates"; '
+    'also in arXiv 2307.09288\'s appendix): "Llama 2 was trained between '
+    'January 2023 and July 2023"'}),
   (r'^llama 3\.1 405b$',
    {'batch': 2048, 'why_batch': 'arXiv 2407.21783 Table 4: 16 sequences of '
     '8,192 per data-parallel rank x 128 ranks (16,384 GPUs) = 2,048'}),
@@ -220,6 +228,19 @@ _NAMES_TP = re.compile(r'(?<!pipeline )\bmodel[ -]parallel|\btensor[ -]'
                        re.IGNORECASE)
 _NAMES_SP = re.compile(r'\bsequence[ -]parallel', re.IGNORECASE)
 _NAMES_PP = re.compile(r'\bpipeline|\bPP\b', re.IGNORECASE)
+#: A parallelism text naming a data-parallel sharding -> the sharding
+#: (first match wins): FSDP, ZeRO-3 or a fully sharded data parallelism
+#: shards the parameters (Zhao et al., "PyTorch FSDP", arXiv 2304.11277,
+#: section 3; ZeRO, Rajbhandari et al., arXiv 1910.02054, section 5: P_os+g+p),
+#: ZeRO-2 the gradients too, ZeRO-1 or a distributed optimizer the
+#: optimizer state.
+_NAMES_SHARDING = (
+  (re.compile(r'\bFSDP\b(?!\s*=\s*0)|fully[ -]sharded|sharded data[ -]'
+              r'parallel|ZeRO[ -]?(?:stage[ -]?)?3', re.IGNORECASE),
+   'parameters'),
+  (re.compile(r'ZeRO[ -]?(?:stage[ -]?)?2', re.IGNORECASE), 'gradients'),
+  (re.compile(r'ZeRO[ -]?(?:stage[ -]?)?1|distributed optimizer',
+              re.IGNORECASE), 'optimizer'))
 _NAMES_RECOMPUTE = re.compile(r'checkpointing|recomput|rematerial',
                               re.IGNORECASE)
 
@@ -229,14 +250,19 @@ def stated_techniques(text):
   layout: {'tp': names tensor (model) parallelism, so TP >= 2; 'sp':
   names sequence parallelism (the TP communication reduce-scattered and
   all-gathered, rs_ag); 'pp': names pipeline parallelism (when it does not,
-  PP = 1, as for a stated TP degree); 'recompute': the phrase naming
-  activation checkpointing (read by the conventions' recompute table), or
-  ''}."""
+  PP = 1, as for a stated TP degree); 'sharding': the data-parallel
+  sharding it names ('parameters' for FSDP or ZeRO-3, 'gradients',
+  'optimizer'; :data:`_NAMES_SHARDING`), or ''; 'recompute': the phrase
+  naming activation checkpointing (read by the conventions' recompute
+  table), or ''}."""
   text = str(text or '')
   m = _NAMES_RECOMPUTE.search(text)
+  sharding = next((name for pattern, name in _NAMES_SHARDING
+                   if pattern.search(text)), '')
   return {'tp': bool(_NAMES_TP.search(text)),
           'sp': bool(_NAMES_SP.search(text)),
           'pp': bool(_NAMES_PP.search(text)),
+          'sharding': sharding,
           'recompute': text[m.start():].split(';')[0].strip() if m else ''}
 
 
@@ -443,11 +469,12 @@ class Suite:
     return label(self.mapper.system_source(case), self.mapper.system_json(case))
 
 
-def _pseudo_row(row, gpus, batch, layout, recompute='', seq_parallel=''):
+def _pseudo_row(row, gpus, batch, layout, recompute='', seq_parallel='',
+                trained_from=''):
   """The row in the published suite's columns, for the Mapper (an
   expert-parallel degree its parallelism text states written in the notes
-  as ``ep=N``, the published suite's notes fact; ``recompute`` and
-  ``seq_parallel`` the cells of those columns)."""
+  as ``ep=N``, the published suite's notes fact; ``recompute``,
+  ``seq_parallel`` and ``trained_from`` the cells of those columns)."""
   tp, pp, dp, cp = layout
   ep = expert_par_from_text(row.get('parallelism'))
   notes = ' '.join(x for x in (row.get('parallelism', ''),
@@ -468,7 +495,7 @@ def _pseudo_row(row, gpus, batch, layout, recompute='', seq_parallel=''):
     'recompute': recompute, 'seq_parallel': seq_parallel,
     'dtype': _dtype(row),
     'measured_metric_name': 'iteration_time_s', 'measured_value': '1',
-    'notes': notes}
+    'notes': notes, 'trained_from': trained_from}
 
 
 def _filled(row):
@@ -553,12 +580,18 @@ def price_row(suite, row, workers=1):
     pp = 1
     out.assumptions.append(('pp', 1, 'the parallelism text names TP and no '
                             'PP'))
-  limits, recompute, seq_parallel = {}, '', ''
+  limits, choices, recompute, seq_parallel = {}, {}, '', ''
   if tp is None:
-    limits, recompute, seq_parallel = _stated_without_degrees(row, facts,
-                                                              out)
+    limits, choices, recompute, seq_parallel = _stated_without_degrees(
+      row, facts, out)
+  trained_from = str(row.get('trained_from') or '').strip()
+  if not trained_from and facts.get('trained_from'):
+    trained_from = facts['trained_from']
+    out.assumptions.append(('trained_from', trained_from,
+                            facts['why_trained_from']))
   case = suite.mapper.build(_pseudo_row(row, gpus, batch, (tp, pp, dp, cp),
-                                        recompute, seq_parallel))
+                                        recompute, seq_parallel,
+                                        trained_from))
   out.assumptions += [(k, v, why) for k, v, why in case.assumptions
                       if k not in ('measured_metric_name',)]
   out.approximations += list(case.approximations)
@@ -572,7 +605,7 @@ def price_row(suite, row, workers=1):
   out.system_file = suite.system_label(case)
   try:
     if searched:
-      _searched(suite, case, out, tokens, workers, limits)
+      _searched(suite, case, out, tokens, workers, limits, choices)
     else:
       _stated(suite, case, out, tokens)
   except ConfigError as err:
@@ -593,14 +626,25 @@ def price_row(suite, row, workers=1):
 def _stated_without_degrees(row, facts, out):
   """What the row's parallelism text (else its run facts'
   ``parallelism``) states of a layout it gives no degrees for
-  (:func:`stated_techniques`), as the search's limits and the recompute
-  and seq_parallel cells: (limits, recompute, seq_parallel), each taken
-  recorded in ``out.assumptions``."""
+  (:func:`stated_techniques`), as the search's limits and choices and the
+  recompute and seq_parallel cells: (limits, choices, recompute,
+  seq_parallel), each taken recorded in ``out.assumptions``.  A text that
+  names a data-parallel sharding and neither tensor nor pipeline
+  parallelism states pure data parallelism: TP 1 and PP 1."""
   text, why = str(row.get('parallelism') or '').strip(), 'the parallelism text'
   if not text and facts.get('parallelism'):
     text, why = facts['parallelism'], facts['why_parallelism']
   said = stated_techniques(text)
-  limits, seq_parallel = {}, ''
+  limits, choices, seq_parallel = {}, {}, ''
+  if said['sharding']:
+    choices['data_par_sharding'] = [said['sharding']]
+    out.assumptions.append(('data_par_sharding', said['sharding'],
+                            f'{why} names it'))
+    if not said['tp'] and not said['pp']:
+      limits['tp'] = limits['pp'] = ((1, 1),)
+      for key in ('tp', 'pp'):
+        out.assumptions.append((key, 1, f'{why} names a sharded data '
+                                'parallelism and no TP or PP'))
   if said['tp']:
     limits['tp'] = ((2, math.inf),)
     out.assumptions.append(('tp', '>= 2', f'{why} names tensor (model) '
@@ -618,7 +662,7 @@ def _stated_without_degrees(row, facts, out):
     out.assumptions.append(('recompute', recompute, facts['why_recompute']))
   elif recompute:
     out.assumptions.append(('recompute', recompute, f'{why} names it'))
-  return limits, recompute, seq_parallel
+  return limits, choices, recompute, seq_parallel
 
 
 def _inputs(system, tokens, case, out):
@@ -674,10 +718,11 @@ def _memory_code():
   return MEM1_TOO_SMALL
 
 
-def _searched(suite, case, out, tokens, workers, limits=None):
+def _searched(suite, case, out, tokens, workers, limits=None, stated=None):
   """No layout stated: the fastest step of exactly the batch, searched
-  (within ``limits``, :class:`calculon.search.grid.SearchSpec`'s, from
-  what the row states without degrees)."""
+  (within ``limits``, :class:`calculon.search.grid.SearchSpec`'s, and the
+  ``stated`` {axis: [values]}, from what the row states without
+  degrees)."""
   from calculon.llm import search as S
   from calculon.plan import objective as O
   system = suite.system(case)
@@ -685,7 +730,8 @@ def _searched(suite, case, out, tokens, workers, limits=None):
   datatype = case.fixed['datatype']
   axes = S.MOE_AXES if app.is_moe else S.MODERN_AXES
   before = len(case.assumptions)
-  framework, fields, choices = suite.mapper.search_settings(case, axes)
+  framework, fields, choices = suite.mapper.search_settings(
+    case, axes, stated)
   out.assumptions += case.assumptions[before:]
   out.assumptions.append(('layout', 'searched', 'the row states no TP/PP: '
                           'every layout of the framework preset\'s space ('
