@@ -214,6 +214,10 @@ def test_training_dates_bound_the_era(frame):
       'none', rid
   # LLaMA 3.1 405B (2024) states its layout and no start: not bounded.
   assert 'trained_from' not in rows.loc['llama3.1-405b', 'assumptions']
+  # Nemotron-4 15B (arXiv 2402.16819) states no start: its source's date
+  # allows the overlap (test_cli_reads_a_trained_from_column sets one).
+  assert json.loads(rows.loc['nemotron-4-15b', 'execution'])[
+    'tensor_par_overlap'] == 'ring'
 
 
 def test_trained_from_column_reads_the_era_rules():
@@ -426,3 +430,26 @@ def test_cli_default_files_and_datasheet(tmp_path):
                 '--calibrated', '--datasheet')
   assert res.returncode == 2
   assert 'not allowed with argument' in res.stderr
+
+
+def test_cli_reads_a_trained_from_column(tmp_path):
+  """A user's whole-runs CSV may add ``trained_from`` (YYYY-MM): Nemotron-4
+  15B (arXiv 2402.16819, February 2024) with a start before May 2023 is
+  priced without tiled TP overlap, the era rule naming why; without the
+  column its source's date allows the overlap."""
+  with open(BUNDLED, newline='') as fd:
+    rows = [r for r in csv.DictReader(fd) if r['id'] == 'nemotron-4-15b']
+  path = tmp_path / 'runs.csv'
+  with open(path, 'w', newline='') as fd:
+    writer = csv.DictWriter(fd, fieldnames=list(rows[0]) + ['trained_from'])
+    writer.writeheader()
+    writer.writerow(dict(rows[0], trained_from='2023-03'))
+  out = tmp_path / 'out'
+  res = run_cli('llm-validation', '--suite', 'whole-runs', '--runs', path,
+                '--out', out)
+  assert res.returncode == 0, res.stderr
+  with open(out / 'whole_runs_results.csv', newline='') as fd:
+    row = next(csv.DictReader(fd))
+  assert json.loads(row['execution'])['tensor_par_overlap'] == 'none'
+  assert 'tensor_par_overlap=none (reported before tiled TP communication ' \
+    'overlap: reported or begun before May 2023' in row['assumptions']
