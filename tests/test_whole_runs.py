@@ -453,3 +453,25 @@ def test_cli_reads_a_trained_from_column(tmp_path):
   assert json.loads(row['execution'])['tensor_par_overlap'] == 'none'
   assert 'tensor_par_overlap=none (reported before tiled TP communication ' \
     'overlap: reported or begun before May 2023' in row['assumptions']
+
+
+def test_a_bad_trained_from_is_named(tmp_path):
+  """A ``trained_from`` cell that is not a month is not guessed at: the row
+  is not priced, its reason naming the column, the value and what is
+  allowed."""
+  with open(BUNDLED, newline='') as fd:
+    rows = [r for r in csv.DictReader(fd) if r['id'] == 'nemotron-4-15b']
+  path = tmp_path / 'runs.csv'
+  with open(path, 'w', newline='') as fd:
+    writer = csv.DictWriter(fd, fieldnames=list(rows[0]) + ['trained_from'])
+    writer.writeheader()
+    writer.writerow(dict(rows[0], trained_from='March 2023'))
+  out = tmp_path / 'out'
+  res = run_cli('llm-validation', '--suite', 'whole-runs', '--runs', path,
+                '--out', out)
+  assert res.returncode == 0, res.stderr
+  with open(out / 'whole_runs_results.csv', newline='') as fd:
+    row = next(csv.DictReader(fd))
+  assert row['status'] == 'not priced'
+  assert "column 'trained_from' = 'March 2023' is not allowed: blank or a " \
+    'month YYYY-MM' in row['reason']

@@ -193,6 +193,8 @@ CATEGORIES = {name: entry[1] for name, entry in
               if entry[1] is not None}
 #: The largest microbatch searched.
 MAX_MICROBATCH = 64
+#: A ``trained_from`` cell: the month a run began training, YYYY-MM.
+_TRAINED_FROM_RE = re.compile(r'^\d{4}-(0[1-9]|1[0-2])$')
 #: The sharding an unstated data_par_sharding may be: none or ZeRO-1 (the
 #: distributed optimizer), the sharding every framework offers; gradient
 #: and parameter sharding (ZeRO-2/3, FSDP) change the step enough that a
@@ -762,6 +764,10 @@ class Mapper:
       if cell and not _is_count(cell):
         case.missing.append(f"column '{col}' = {cell!r} is not allowed: blank "
                             'or a whole number >= 1')
+    cell = text(row.get('trained_from'))
+    if cell and not _TRAINED_FROM_RE.match(cell):
+      case.missing.append(f"column 'trained_from' = {cell!r} is not allowed: "
+                          'blank or a month YYYY-MM (e.g. 2023-01)')
     self._hardware(case)
     facts = notes_facts(row.get('notes'))
     if number(row.get('seq_len')) is None:
