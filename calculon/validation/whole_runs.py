@@ -89,8 +89,8 @@ RUN_FACTS = (
     'gpus': 2048, 'why_gpus': 'the Llama 2 paper states no GPU count: the '
     "LLaMA 65B run's 2,048 A100s assumed",
     'trained_from': '2023-01', 'why_trained_from': 'the Llama 2 model card '
-    '(meta-llama/llama-models models/llama2/MODEL_CARD.md, "Model Dates"; '
-    'also in arXiv 2307.09288\'s appendix): "Llama 2 was trained between '
+    '(meta-llama/llama-models models/llama2/MODEL_CARD.md@d13eea5ec039baa48b'
+    '5f0fa3641692a45b639da7, "Model Dates"): "Llama 2 was trained between '
     'January 2023 and July 2023"'}),
   (r'^llama 3\.1 405b$',
    {'batch': 2048, 'why_batch': 'arXiv 2407.21783 Table 4: 16 sequences of '
