@@ -432,24 +432,30 @@ def test_cli_default_files_and_datasheet(tmp_path):
   assert 'not allowed with argument' in res.stderr
 
 
-def test_cli_reads_a_trained_from_column(tmp_path):
-  """A user's whole-runs CSV may add ``trained_from`` (YYYY-MM): Nemotron-4
-  15B (arXiv 2402.16819, February 2024) with a start before May 2023 is
-  priced without tiled TP overlap, the era rule naming why; without the
-  column its source's date allows the overlap."""
+def _priced_with_trained_from(tmp_path, value):
+  """Nemotron-4 15B's bundled row with a ``trained_from`` cell, priced by
+  the CLI: its row of the --out results CSV."""
   with open(BUNDLED, newline='') as fd:
     rows = [r for r in csv.DictReader(fd) if r['id'] == 'nemotron-4-15b']
   path = tmp_path / 'runs.csv'
   with open(path, 'w', newline='') as fd:
     writer = csv.DictWriter(fd, fieldnames=list(rows[0]) + ['trained_from'])
     writer.writeheader()
-    writer.writerow(dict(rows[0], trained_from='2023-03'))
+    writer.writerow(dict(rows[0], trained_from=value))
   out = tmp_path / 'out'
   res = run_cli('llm-validation', '--suite', 'whole-runs', '--runs', path,
                 '--out', out)
   assert res.returncode == 0, res.stderr
   with open(out / 'whole_runs_results.csv', newline='') as fd:
-    row = next(csv.DictReader(fd))
+    return next(csv.DictReader(fd))
+
+
+def test_cli_reads_a_trained_from_column(tmp_path):
+  """A user's whole-runs CSV may add ``trained_from`` (YYYY-MM): Nemotron-4
+  15B (arXiv 2402.16819, February 2024) with a start before May 2023 is
+  priced without tiled TP overlap, the era rule naming why; without the
+  column its source's date allows the overlap."""
+  row = _priced_with_trained_from(tmp_path, '2023-03')
   assert json.loads(row['execution'])['tensor_par_overlap'] == 'none'
   assert 'tensor_par_overlap=none (reported before tiled TP communication ' \
     'overlap: reported or begun before May 2023' in row['assumptions']
@@ -459,19 +465,7 @@ def test_a_bad_trained_from_is_named(tmp_path):
   """A ``trained_from`` cell that is not a month is not guessed at: the row
   is not priced, its reason naming the column, the value and what is
   allowed."""
-  with open(BUNDLED, newline='') as fd:
-    rows = [r for r in csv.DictReader(fd) if r['id'] == 'nemotron-4-15b']
-  path = tmp_path / 'runs.csv'
-  with open(path, 'w', newline='') as fd:
-    writer = csv.DictWriter(fd, fieldnames=list(rows[0]) + ['trained_from'])
-    writer.writeheader()
-    writer.writerow(dict(rows[0], trained_from='March 2023'))
-  out = tmp_path / 'out'
-  res = run_cli('llm-validation', '--suite', 'whole-runs', '--runs', path,
-                '--out', out)
-  assert res.returncode == 0, res.stderr
-  with open(out / 'whole_runs_results.csv', newline='') as fd:
-    row = next(csv.DictReader(fd))
+  row = _priced_with_trained_from(tmp_path, 'March 2023')
   assert row['status'] == 'not priced'
   assert "column 'trained_from' = 'March 2023' is not allowed: blank or a " \
     'month YYYY-MM' in row['reason']
