@@ -305,7 +305,7 @@ def test_llama_searches_within_what_its_paper_states(frame):
   at TP >= 2 with sequence parallelism (rs_ag), PP 1 (no pipeline named)
   and selective recomputation, each flagged with the source.  The
   GPU-hours are then not all on one side (issue 46: "not one-sided"):
-  LLaMA 7B and 13B above the published figure, the others below."""
+  LLaMA 7B, 13B and 65B above the published figure, the others below."""
   rows = frame.set_index('id')
   for rid in ('llama1-7b', 'llama1-13b', 'llama1-33b', 'llama1-65b'):
     exe = json.loads(rows.loc[rid, 'execution'])
