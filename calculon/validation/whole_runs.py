@@ -469,12 +469,11 @@ class Suite:
     return label(self.mapper.system_source(case), self.mapper.system_json(case))
 
 
-def _pseudo_row(row, gpus, batch, layout, recompute='', seq_parallel='',
-                trained_from=''):
+def _pseudo_row(row, gpus, batch, layout, recompute='', seq_parallel=''):
   """The row in the published suite's columns, for the Mapper (an
   expert-parallel degree its parallelism text states written in the notes
-  as ``ep=N``, the published suite's notes fact; ``recompute``,
-  ``seq_parallel`` and ``trained_from`` the cells of those columns)."""
+  as ``ep=N``, the published suite's notes fact; ``recompute`` and
+  ``seq_parallel`` the cells of those columns)."""
   tp, pp, dp, cp = layout
   ep = expert_par_from_text(row.get('parallelism'))
   notes = ' '.join(x for x in (row.get('parallelism', ''),
@@ -495,13 +494,15 @@ def _pseudo_row(row, gpus, batch, layout, recompute='', seq_parallel='',
     'recompute': recompute, 'seq_parallel': seq_parallel,
     'dtype': _dtype(row),
     'measured_metric_name': 'iteration_time_s', 'measured_value': '1',
-    'notes': notes, 'trained_from': trained_from}
+    'notes': notes,
+    'trained_from': str(row.get('trained_from') or '').strip()}
 
 
 def _filled(row):
-  """The row with the tokens and the GPU type it leaves blank taken from
-  its run facts (:data:`RUN_FACTS`), else the GPU type
-  :data:`DEFAULT_GPU_TYPE`: (row copy, assumptions as (what, value, why))."""
+  """The row with the tokens, the GPU type and the month training began
+  (``trained_from``) it leaves blank taken from its run facts
+  (:data:`RUN_FACTS`), else the GPU type :data:`DEFAULT_GPU_TYPE`: (row
+  copy, assumptions as (what, value, why))."""
   row = dict(row)
   facts = _facts(str(row.get('model', '')))
   said = []
@@ -517,6 +518,11 @@ def _filled(row):
       said.append(('gpu_type', DEFAULT_GPU_TYPE, 'not stated: the GPU most '
                    'runs of the bundled whole-runs file state (calculon.'
                    'validation.whole_runs.DEFAULT_GPU_TYPE)'))
+  if not str(row.get('trained_from') or '').strip() and \
+      facts.get('trained_from'):
+    row['trained_from'] = facts['trained_from']
+    said.append(('trained_from', facts['trained_from'],
+                 facts['why_trained_from']))
   return row, said
 
 
@@ -584,14 +590,8 @@ def price_row(suite, row, workers=1):
   if tp is None:
     limits, choices, recompute, seq_parallel = _stated_without_degrees(
       row, facts, out)
-  trained_from = str(row.get('trained_from') or '').strip()
-  if not trained_from and facts.get('trained_from'):
-    trained_from = facts['trained_from']
-    out.assumptions.append(('trained_from', trained_from,
-                            facts['why_trained_from']))
   case = suite.mapper.build(_pseudo_row(row, gpus, batch, (tp, pp, dp, cp),
-                                        recompute, seq_parallel,
-                                        trained_from))
+                                        recompute, seq_parallel))
   out.assumptions += [(k, v, why) for k, v, why in case.assumptions
                       if k not in ('measured_metric_name',)]
   out.approximations += list(case.approximations)
