@@ -227,6 +227,49 @@ def test_layer_graphs_refuse_activation_offload():
   assert seen['none'] and not seen['layers']
 
 
+def test_expert_overlap_refuses_activation_offload():
+  """Megatron-Core's layer-level activation offload (cpu_offloading) is
+  entered only in TransformerBlock.forward's own layer loop; the 1F1B
+  expert all-to-all overlap runs the layers through build_layer_callables
+  instead (transformer_block.py, models/common/model_chunk_schedule_plan.py
+  at d98e8a64dd), so with moe_comm_overlap 'compute' no activation is
+  offloaded: a run with both is refused naming the check and its source,
+  each alone is not, and the search never enumerates the two together
+  while it keeps each."""
+  from calculon.config.execution import MOE_OVERLAP_COMPUTE
+  from calculon.search.grid import Chunk, columns, valid_mask
+  app = Application.from_dict(load_json(repo('models', 'mixtral-8x7B.json')))
+  moe = dict(EXE, expert_par=4, moe_dispatcher='alltoall', pipeline_par=1,
+             data_par=8, pipeline_interleaving=1)
+  resolve_execution(app, Execution.from_dict(dict(
+    moe, moe_comm_overlap='compute')))
+  resolve_execution(app, Execution.from_dict(dict(
+    moe, activations_offload=True)))
+  for name in ('megatron-core', 'megatron-lm'):
+    with pytest.raises(ConfigError, match="'activations_offload' is not "
+                       "allowed with framework '" + name + "': activations "
+                       'offload not with moe_comm_overlap "compute" .*'
+                       'build_layer_callables'):
+      resolve_execution(app, Execution.from_dict(dict(
+        moe, moe_comm_overlap='compute', activations_offload=True,
+        framework=name)))
+  system = System(load_json(H100))
+  spec = SearchSpec(app, system, 8, 64, 'bfloat16',
+                    limits={'pp': ((1, 1),), 'tp': ((1, 1),)})
+  seen = {'compute': 0, 'offload': 0, 'both': 0}
+  for g in groups(spec):
+    cols = columns(spec, Chunk(g, ()))
+    ok = np.broadcast_to(valid_mask(cols, spec), g.shape)
+    compute = np.broadcast_to(
+      cols.moe_comm_overlap == MOE_OVERLAP_COMPUTE, ok.shape)
+    off = np.broadcast_to(np.asarray(cols.activations_offload, dtype=bool),
+                          ok.shape)
+    seen['compute'] += int(np.sum(ok & compute))
+    seen['offload'] += int(np.sum(ok & off))
+    seen['both'] += int(np.sum(ok & compute & off))
+  assert seen['compute'] and seen['offload'] and not seen['both']
+
+
 def test_frameworks_command():
   res = run_cli('frameworks')
   assert res.returncode == 0, res.stderr

@@ -58,6 +58,12 @@ def _expert_overlap_without_moe_recompute(c, app, value):
     recomputes_module(c, 'moe')
 
 
+def _expert_overlap_without_activation_offload(c, app, value):
+  from calculon.config.execution import MOE_OVERLAP_COMPUTE
+  return (np.asarray(c.moe_comm_overlap) == MOE_OVERLAP_COMPUTE) & \
+    np.asarray(c.activations_offload, dtype=bool)
+
+
 def _activation_offload_without_pp_or_recompute(c, app, value):
   from calculon.config.execution import RECOMPUTE_NONE
   return np.asarray(c.activations_offload, dtype=bool) & (
@@ -160,6 +166,11 @@ KINDS = {
     'moe_comm_overlap "compute" only without "moe" among the '
     'recompute_modules of selective recomputation', False,
     'moe_comm_overlap'),
+  'expert_overlap_without_activation_offload': (
+    _expert_overlap_without_activation_offload,
+    'activations offload not with moe_comm_overlap "compute" (the '
+    'overlapped schedule runs the layers outside the block that offloads '
+    'them)', False, 'activations_offload'),
   'tp_overlap_needs_sequence_parallel': (
     _tp_overlap_without_sequence_parallel,
     'tensor_par_overlap other than "none" needs tensor_par_comm_type '
