@@ -270,6 +270,50 @@ def test_expert_overlap_refuses_activation_offload():
   assert seen['compute'] and seen['offload'] and not seen['both']
 
 
+def test_expert_overlap_with_fsdp_needs_pp1():
+  """Megatron-Core's 1F1B expert all-to-all overlap refuses a
+  Megatron-FSDP model under the interleaved schedule
+  (pipeline_parallel/combined_1f1b.py at d98e8a64dd: 'EP overlap 1F1B
+  with FSDP is not supported for interleaved pipeline parallelism'), and
+  with PP > 1 the overlap needs interleaving: with ZeRO-2 or ZeRO-3
+  sharding ('gradients', 'parameters') it runs only at PP 1. The
+  distributed optimizer ('optimizer') keeps it at PP 2, VP 2; the search
+  never enumerates the refused combination and keeps the others."""
+  from calculon.config.execution import MOE_OVERLAP_COMPUTE, SHARD_GRADIENTS
+  from calculon.search.grid import Chunk, columns, valid_mask
+  app = Application.from_dict(load_json(repo('models', 'mixtral-8x7B.json')))
+  moe = dict(EXE, expert_par=4, moe_dispatcher='alltoall',
+             moe_comm_overlap='compute')
+  resolve_execution(app, Execution.from_dict(moe))     # PP 2 VP 2, ZeRO-1
+  for sharding in ('gradients', 'parameters'):
+    resolve_execution(app, Execution.from_dict(dict(
+      moe, pipeline_par=1, data_par=8, pipeline_interleaving=1,
+      data_par_sharding=sharding)))
+    for name in ('megatron-core', 'megatron-lm'):
+      with pytest.raises(ConfigError, match="'moe_comm_overlap' is not "
+                         "allowed with framework '" + name + "': .*needs "
+                         'pipeline_par = 1 .*EP overlap 1F1B with FSDP'):
+        resolve_execution(app, Execution.from_dict(dict(
+          moe, data_par_sharding=sharding, framework=name)))
+  system = System(load_json(H100))
+  spec = SearchSpec(app, system, 16, 64, 'bfloat16',
+                    limits={'tp': ((1, 1),)})
+  seen = {'pp1': 0, 'pp_zero1': 0, 'pp_fsdp': 0}
+  for g in groups(spec):
+    cols = columns(spec, Chunk(g, ()))
+    ok = np.broadcast_to(valid_mask(cols, spec), g.shape)
+    shape = ok.shape
+    compute = np.broadcast_to(
+      cols.moe_comm_overlap == MOE_OVERLAP_COMPUTE, shape)
+    fsdp = np.broadcast_to(np.asarray(cols.sharding) >= SHARD_GRADIENTS,
+                           shape)
+    pp = np.broadcast_to(cols.pipeline_par > 1, shape)
+    seen['pp1'] += int(np.sum(ok & compute & fsdp & ~pp))
+    seen['pp_zero1'] += int(np.sum(ok & compute & ~fsdp & pp))
+    seen['pp_fsdp'] += int(np.sum(ok & compute & fsdp & pp))
+  assert seen['pp1'] and seen['pp_zero1'] and not seen['pp_fsdp']
+
+
 def test_frameworks_command():
   res = run_cli('frameworks')
   assert res.returncode == 0, res.stderr

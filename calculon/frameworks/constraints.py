@@ -64,6 +64,12 @@ def _expert_overlap_without_activation_offload(c, app, value):
     np.asarray(c.activations_offload, dtype=bool)
 
 
+def _expert_overlap_with_fsdp_needs_pp1(c, app, value):
+  from calculon.config.execution import MOE_OVERLAP_COMPUTE, SHARD_GRADIENTS
+  return (np.asarray(c.moe_comm_overlap) == MOE_OVERLAP_COMPUTE) & (
+    np.asarray(c.sharding) >= SHARD_GRADIENTS) & (c.pipeline_par > 1)
+
+
 def _activation_offload_without_pp_or_recompute(c, app, value):
   from calculon.config.execution import RECOMPUTE_NONE
   return np.asarray(c.activations_offload, dtype=bool) & (
@@ -171,6 +177,11 @@ KINDS = {
     'activations offload not with moe_comm_overlap "compute" (the '
     'overlapped schedule runs the layers outside the block that offloads '
     'them)', False, 'activations_offload'),
+  'expert_overlap_with_fsdp_needs_pp1': (
+    _expert_overlap_with_fsdp_needs_pp1,
+    'moe_comm_overlap "compute" with data_par_sharding "gradients" or '
+    '"parameters" (sharded data parallelism) needs pipeline_par = 1',
+    False, 'moe_comm_overlap'),
   'tp_overlap_needs_sequence_parallel': (
     _tp_overlap_without_sequence_parallel,
     'tensor_par_overlap other than "none" needs tensor_par_comm_type '
