@@ -243,6 +243,53 @@ def test_hidden_dispatch_still_takes_the_processor_share_of_its_tier():
   assert value(plain.block_ep_fw_exposed_s) == pytest.approx(fw, rel=1e-12)
 
 
+def test_overlapped_dispatch_pairs_with_the_other_microbatch():
+  """The 1F1B all-to-all overlap (moe_comm_overlap 'compute') runs one
+  microbatch's forward of a block beside another's backward; Megatron-Core
+  (models/common/model_chunk_schedule_plan.py TransformerLayerSchedulePlan
+  .run at d98e8a64dd) puts, communication against compute, the backward
+  combine against the forward's pre-dispatch computation, both dispatches
+  against the routed experts' backward and forward, the forward combine
+  against the backward's pre-dispatch computation (DeepSeek-V3's DualPipe
+  pairs the same pieces, arXiv 2412.19437 figure 4).  DeepSeek-V3 with EP
+  32 over four 8-GPU nodes: the exposed transfer is the three phases'
+  excess (the processor share of the tier slowing what hides), so the
+  routed experts' compute hides the dispatches too, less than the
+  overlap behind only the rest of a pass would show; a forward pass
+  alone (inference) keeps hiding behind the rest of its own pass."""
+  from calculon.llm.layers import hidden_behind
+  app = Application.from_dict(DEEPSEEK_V3)
+  system = System(H100)
+  fields = dict(tensor_par=1, data_par=32, pipeline_par=1, batch_size=64,
+                microbatch_size=1, expert_par=32, expert_par_net=1,
+                data_par_net=1, moe_dispatcher='deepep',
+                attention_kernel='flash', data_par_sharding='optimizer',
+                moe_comm_overlap='compute')
+  ev = evaluation(app, system, **fields)
+  b, u = ev.block, value(ev.ep_usage)
+  ep_f, ep_b = value(b.ep_fw_time), value(b.ep_bw_time + b.ep_re_time)
+  e_f, e_b = value(b.experts_fw_time), value(b.experts_bw_time)
+  a_f = value(b.fw_time) - e_f
+  a_b = value(b.agrad_time + b.wgrad_time) - e_b
+  assert ep_f > 0.5 * a_b     # the combines do not all hide
+  middle = hidden_behind(ep_f / 2 + ep_b / 2, e_f + e_b, u)
+  fw = hidden_behind(ep_f / 2, a_b, u) + middle / 2
+  bw = hidden_behind(ep_b / 2, a_f, u) + middle / 2
+  assert value(ev.block_ep_fw_exposed_s) == pytest.approx(fw, rel=1e-12)
+  assert value(ev.block_ep_bw_exposed_s) == pytest.approx(bw, rel=1e-12)
+  rest_only = hidden_behind(ep_f, a_f, u) + hidden_behind(ep_b, a_b, u)
+  assert fw + bw < rest_only
+  none = evaluation(app, system, **dict(fields, moe_comm_overlap='none'))
+  assert fw + bw < value(none.block_ep_fw_exposed_s +
+                         none.block_ep_bw_exposed_s)
+  serve = evaluation(app, system, **dict(fields, training=False,
+                                         data_par_sharding='none'))
+  sb = serve.block
+  assert value(serve.block_ep_fw_exposed_s) == pytest.approx(hidden_behind(
+    value(sb.ep_fw_time), value(sb.fw_time - sb.experts_fw_time), u),
+    rel=1e-12)
+
+
 def test_combine_keeps_the_expert_outputs_and_probabilities():
   """Megatron-Core ``moe_utils.unpermute`` multiplies the k expert outputs
   of each token by their router probabilities, then scatter-adds them:

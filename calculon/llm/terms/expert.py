@@ -36,8 +36,9 @@ class ExpertTerms:
     """Compute the token dispatch and combine of a block may hide behind
     (``moe_comm_overlap``): the shared experts ('shared_experts',
     Megatron-Core --moe-shared-expert-overlap), or everything but the
-    routed experts ('compute': the other microbatch's compute, Megatron-Core
-    --overlap-moe-expert-parallel-comm, DeepSeek-V3's DualPipe)."""
+    routed experts ('compute' without a backward pass to pair with: the
+    other microbatch's forward); a training step's 'compute' is priced by
+    :meth:`_paired_exposed_s`."""
     from calculon.config.execution import (
       MOE_OVERLAP_COMPUTE, MOE_OVERLAP_SHARED)
     b, mode = self.block, self.exe.moe_comm_overlap
@@ -50,19 +51,73 @@ class ExpertTerms:
                     np.where(mode == MOE_OVERLAP_COMPUTE, rest, 0))
 
   @cached_property
+  def _paired_exposed_s(self):
+    """(forward, backward) dispatch and combine of a block not hidden
+    under ``moe_comm_overlap`` 'compute', the 1F1B all-to-all overlap that
+    runs one microbatch's forward of the block beside another's backward
+    (Megatron-Core --overlap-moe-expert-parallel-comm; DeepSeek-V3's
+    DualPipe pairs the same four pieces: DeepSeek-AI 2024, arXiv
+    2412.19437, section 3.2.1, figure 4).
+
+    Megatron-Core's layer schedule
+    (megatron/core/models/common/model_chunk_schedule_plan.py
+    TransformerLayerSchedulePlan.run at d98e8a64dd) runs, communication
+    stream against compute stream: the backward combine against the
+    forward's computation before the dispatch (attention, norms, router,
+    permutation, shared experts); the forward and the backward dispatch
+    against the routed experts' backward and forward; the forward combine
+    against the backward's computation before its dispatch.  So each phase
+    shows what its transfer exceeds of its compute, the compute it hides
+    behind slowed by the tier's processor usage
+    (:func:`~calculon.llm.layers.hidden_behind`)::
+
+      C_b vs A_f;  D_f + D_b vs E_b + E_f;  C_f vs A_b
+
+    with the dispatch D and the combine C each half of a pass's transfer
+    (equal sizes; the backward's includes recomputation's), E the routed
+    experts' time (the ``Moe_Experts`` layers) and A the rest of the
+    block's pass.  The second phase's excess is split evenly between the
+    passes.  Seconds per block and microbatch, arrays over the
+    executions."""
+    b, u = self.block, self.ep_usage
+    c_f = d_f = 0.5 * b.ep_fw_time
+    c_b = d_b = 0.5 * (b.ep_bw_time + b.ep_re_time)
+    e_f, e_b = b.experts_fw_time, b.experts_bw_time
+    a_f = b.fw_time - e_f
+    a_b = b.agrad_time + b.wgrad_time - e_b
+    middle = _hidden_behind(d_f + d_b, e_f + e_b, u)
+    fw = _hidden_behind(c_f, a_b, u) + 0.5 * middle
+    bw = _hidden_behind(c_b, a_f, u) + 0.5 * middle
+    return fw, bw
+
+  @cached_property
   def block_ep_fw_exposed_s(self):
     """Forward dispatch and combine of a block not hidden, plus the compute
-    they slow while hidden (:func:`_hidden_behind`)."""
-    return _hidden_behind(self.block.ep_fw_time, self._ep_hiding_s('fw'),
-                          self.ep_usage)
+    they slow while hidden (:func:`_hidden_behind`; a training step's
+    'compute': :meth:`_paired_exposed_s`)."""
+    from calculon.config.execution import MOE_OVERLAP_COMPUTE
+    alone = _hidden_behind(self.block.ep_fw_time, self._ep_hiding_s('fw'),
+                           self.ep_usage)
+    paired = (np.asarray(self.exe.moe_comm_overlap) == MOE_OVERLAP_COMPUTE) \
+      & np.asarray(self.training, dtype=bool)
+    if not np.any(paired):
+      return alone
+    return np.where(paired, self._paired_exposed_s[0], alone)
 
   @cached_property
   def block_ep_bw_exposed_s(self):
     """Backward dispatch and combine (and the forward ones again when
-    the block is recomputed) not hidden."""
+    the block is recomputed) not hidden ('compute':
+    :meth:`_paired_exposed_s`)."""
+    from calculon.config.execution import MOE_OVERLAP_COMPUTE
     b = self.block
-    return _hidden_behind(b.ep_bw_time + b.ep_re_time,
-                          self._ep_hiding_s('bw'), self.ep_usage)
+    alone = _hidden_behind(b.ep_bw_time + b.ep_re_time,
+                           self._ep_hiding_s('bw'), self.ep_usage)
+    paired = (np.asarray(self.exe.moe_comm_overlap) == MOE_OVERLAP_COMPUTE) \
+      & np.asarray(self.training, dtype=bool)
+    if not np.any(paired):
+      return alone
+    return np.where(paired, self._paired_exposed_s[1], alone)
 
   @cached_property
   def expert_weight_bytes(self):
