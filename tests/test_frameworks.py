@@ -123,6 +123,22 @@ def test_strict_presets_refuse_what_their_framework_lacks():
     EXE, data_par_sharding='gradients', framework='calculon')))
 
 
+def _searched(spec):
+  """(allowed, columns) of every layout group the search enumerates for
+  ``spec``: the preset's rules' mask and the execution columns, each
+  broadcast to the group's shape by :func:`_at`."""
+  from calculon.search.grid import Chunk, columns, valid_mask
+  for g in groups(spec):
+    cols = columns(spec, Chunk(g, ()))
+    yield np.broadcast_to(valid_mask(cols, spec), g.shape), cols
+
+
+def _at(value, ok):
+  """``value`` (a column or an expression of columns) broadcast to the
+  shape of the mask ``ok``."""
+  return np.broadcast_to(np.asarray(value), ok.shape)
+
+
 def test_expert_overlap_needs_interleaving_and_no_full_recompute():
   """Megatron-Core's 1F1B expert all-to-all overlap
   (--overlap-moe-expert-parallel-comm, moe_comm_overlap 'compute') needs
@@ -133,7 +149,6 @@ def test_expert_overlap_needs_interleaving_and_no_full_recompute():
   from calculon.config.execution import (
     MOE_OVERLAP_COMPUTE, RECOMPUTE_FULL, RECOMPUTE_SELECTIVE)
   from calculon.config.registry import RECOMPUTE_MODULE_SETS
-  from calculon.search.grid import Chunk, columns, valid_mask
   app = Application.from_dict(load_json(repo('models', 'mixtral-8x7B.json')))
   moe = dict(EXE, expert_par=4, moe_dispatcher='alltoall',
              moe_comm_overlap='compute')
@@ -173,18 +188,12 @@ def test_expert_overlap_needs_interleaving_and_no_full_recompute():
     spec = SearchSpec(app, system, 16, 64, 'bfloat16',
                       limits={'pp': ((2, 2),), 'tp': ((1, 1),)},
                       recompute_modules=modules)
-    for g in groups(spec):
-      cols = columns(spec, Chunk(g, ()))
-      ok = np.broadcast_to(valid_mask(cols, spec), g.shape)
-      shape = ok.shape
-      compute = np.broadcast_to(
-        cols.moe_comm_overlap == MOE_OVERLAP_COMPUTE, shape)
-      vp1 = np.broadcast_to(cols.pipeline_interleaving <= 1, shape)
-      full = np.broadcast_to(cols.activation_recompute == RECOMPUTE_FULL,
-                             shape)
-      moe_rc = np.broadcast_to(
-        (cols.activation_recompute == RECOMPUTE_SELECTIVE) &
-        (np.asarray(cols.recompute_modules) == moe_only), shape)
+    for ok, cols in _searched(spec):
+      compute = _at(cols.moe_comm_overlap == MOE_OVERLAP_COMPUTE, ok)
+      vp1 = _at(cols.pipeline_interleaving <= 1, ok)
+      full = _at(cols.activation_recompute == RECOMPUTE_FULL, ok)
+      moe_rc = _at((cols.activation_recompute == RECOMPUTE_SELECTIVE) &
+                   (np.asarray(cols.recompute_modules) == moe_only), ok)
       seen += int(np.sum(ok & compute))
       seen_moe_rc += int(np.sum(ok & moe_rc))
       assert not np.any(ok & compute & vp1)
@@ -200,7 +209,6 @@ def test_layer_graphs_refuse_activation_offload():
   offloading' unless cuda_graph_impl is full_iteration): a run with both
   is refused naming the check and its source, the full-iteration graph is
   not, and a search given per-layer graphs never offloads activations."""
-  from calculon.search.grid import Chunk, columns, valid_mask
   app = llama8()
   off = dict(EXE, pipeline_par=1, data_par=8, pipeline_interleaving=1,
              activations_offload=True)
@@ -218,11 +226,8 @@ def test_layer_graphs_refuse_activation_offload():
     spec = SearchSpec(app, system, 8, 64, 'bfloat16',
                       fields={'cuda_graphs': graphs})
     seen[graphs] = 0
-    for g in groups(spec):
-      cols = columns(spec, Chunk(g, ()))
-      ok = np.broadcast_to(valid_mask(cols, spec), g.shape)
-      act = np.broadcast_to(np.asarray(cols.activations_offload,
-                                       dtype=bool), ok.shape)
+    for ok, cols in _searched(spec):
+      act = _at(np.asarray(cols.activations_offload, dtype=bool), ok)
       seen[graphs] += int(np.sum(ok & act))
   assert seen['none'] and not seen['layers']
 
@@ -237,7 +242,6 @@ def test_expert_overlap_refuses_activation_offload():
   each alone is not, and the search never enumerates the two together
   while it keeps each."""
   from calculon.config.execution import MOE_OVERLAP_COMPUTE
-  from calculon.search.grid import Chunk, columns, valid_mask
   app = Application.from_dict(load_json(repo('models', 'mixtral-8x7B.json')))
   moe = dict(EXE, expert_par=4, moe_dispatcher='alltoall', pipeline_par=1,
              data_par=8, pipeline_interleaving=1)
@@ -257,13 +261,9 @@ def test_expert_overlap_refuses_activation_offload():
   spec = SearchSpec(app, system, 8, 64, 'bfloat16',
                     limits={'pp': ((1, 1),), 'tp': ((1, 1),)})
   seen = {'compute': 0, 'offload': 0, 'both': 0}
-  for g in groups(spec):
-    cols = columns(spec, Chunk(g, ()))
-    ok = np.broadcast_to(valid_mask(cols, spec), g.shape)
-    compute = np.broadcast_to(
-      cols.moe_comm_overlap == MOE_OVERLAP_COMPUTE, ok.shape)
-    off = np.broadcast_to(np.asarray(cols.activations_offload, dtype=bool),
-                          ok.shape)
+  for ok, cols in _searched(spec):
+    compute = _at(cols.moe_comm_overlap == MOE_OVERLAP_COMPUTE, ok)
+    off = _at(np.asarray(cols.activations_offload, dtype=bool), ok)
     seen['compute'] += int(np.sum(ok & compute))
     seen['offload'] += int(np.sum(ok & off))
     seen['both'] += int(np.sum(ok & compute & off))
@@ -280,7 +280,6 @@ def test_expert_overlap_with_fsdp_needs_pp1():
   distributed optimizer ('optimizer') keeps it at PP 2, VP 2; the search
   never enumerates the refused combination and keeps the others."""
   from calculon.config.execution import MOE_OVERLAP_COMPUTE, SHARD_GRADIENTS
-  from calculon.search.grid import Chunk, columns, valid_mask
   app = Application.from_dict(load_json(repo('models', 'mixtral-8x7B.json')))
   moe = dict(EXE, expert_par=4, moe_dispatcher='alltoall',
              moe_comm_overlap='compute')
@@ -299,15 +298,10 @@ def test_expert_overlap_with_fsdp_needs_pp1():
   spec = SearchSpec(app, system, 16, 64, 'bfloat16',
                     limits={'tp': ((1, 1),)})
   seen = {'pp1': 0, 'pp_zero1': 0, 'pp_fsdp': 0}
-  for g in groups(spec):
-    cols = columns(spec, Chunk(g, ()))
-    ok = np.broadcast_to(valid_mask(cols, spec), g.shape)
-    shape = ok.shape
-    compute = np.broadcast_to(
-      cols.moe_comm_overlap == MOE_OVERLAP_COMPUTE, shape)
-    fsdp = np.broadcast_to(np.asarray(cols.sharding) >= SHARD_GRADIENTS,
-                           shape)
-    pp = np.broadcast_to(cols.pipeline_par > 1, shape)
+  for ok, cols in _searched(spec):
+    compute = _at(cols.moe_comm_overlap == MOE_OVERLAP_COMPUTE, ok)
+    fsdp = _at(np.asarray(cols.sharding) >= SHARD_GRADIENTS, ok)
+    pp = _at(cols.pipeline_par > 1, ok)
     seen['pp1'] += int(np.sum(ok & compute & fsdp & ~pp))
     seen['pp_zero1'] += int(np.sum(ok & compute & ~fsdp & pp))
     seen['pp_fsdp'] += int(np.sum(ok & compute & fsdp & pp))
