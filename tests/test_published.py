@@ -837,11 +837,11 @@ def test_unseen_tuned_runs_file():
   1F1B expert all-to-all overlap at 24,713.8 -> 20,992.03 ms per step
   (moe-optimization-workflow card; 244.039 -> 287.305 TFLOP/s in the
   expert-parallel-overlap card: the same 1.177x); the calibrated DGX H100
-  file prices the gain within 4 % of it (1.219x, the dispatch and combine
+  file prices the gain within 3 % of it (1.189x: the dispatch and combine
   paired with the other microbatch's compute as Megatron-Core's layer
-  schedule runs them; 1.194x when its MoE host floor bound with and
-  without the overlap).  Without the overlap priced the ratio would be
-  1."""
+  schedule runs them, the first forward and the last backward alone,
+  under the file's MoE host floor).  Without the overlap priced the
+  ratio would be 1."""
   from calculon.cli.validation import calibrated_systems
   s = P.Suite(ROOT, [repo('validation', 'unseen_tuned_runs.csv')])
   res = P.run_suite(s, systems=calibrated_systems(ROOT, s))
@@ -852,7 +852,7 @@ def test_unseen_tuned_runs_file():
   measured = off.case.measured_s / on.case.measured_s
   assert measured == pytest.approx(287.305 / 244.039, rel=1e-3)
   assert off.predicted_s / on.predicted_s == pytest.approx(measured,
-                                                           rel=0.04)
+                                                           rel=0.03)
 
 
 def test_megatron_core_013_applies_the_probabilities_in_the_activation(suite):

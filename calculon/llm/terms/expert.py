@@ -12,7 +12,8 @@ traffic over the batch (``ep_comm_link_time_s``,
 Reads: ``app``, ``exe``, ``training``, ``ep_usage``
 (:mod:`~calculon.llm.terms.base`); ``block``
 (:mod:`~calculon.llm.terms.blocks`); ``blocks_per_proc``,
-``block_microbatches`` (:mod:`~calculon.llm.terms.schedule`).
+``block_microbatches``, ``num_microbatches``, ``interleaving``
+(:mod:`~calculon.llm.terms.schedule`).
 """
 
 from functools import cached_property
@@ -77,18 +78,44 @@ class ExpertTerms:
     (equal sizes; the backward's includes recomputation's), E the routed
     experts' time (the ``Moe_Experts`` layers) and A the rest of the
     block's pass.  The second phase's excess is split evenly between the
-    passes.  Seconds per block and microbatch, arrays over the
+    passes.
+
+    The passes of the warm-up and cool-down run alone, every transfer
+    exposed: without PP the first microbatch's forward and the last one's
+    backward ("executed alone, no a2a overlapping",
+    megatron/core/pipeline_parallel/combined_1f1b.py
+    combined_1f1b_schedule_for_no_pipelining); with PP the first stage's
+    warm-up forwards, 2 (PP - 1) + (VP - 1) PP + 1 of its M x VP chunk
+    passes (schedules.py get_pp_rank_microbatches: the interleaved
+    warm-up, microbatch_group_size_per_vp_stage = PP, plus one with the
+    overlap), and as many cool-down backwards; PP without interleaving
+    (which Megatron-Core does not overlap) counts PP.  Seconds per block
+    and microbatch, averaged over the batch, arrays over the
     executions."""
     b, u = self.block, self.ep_usage
-    c_f = d_f = 0.5 * b.ep_fw_time
-    c_b = d_b = 0.5 * (b.ep_bw_time + b.ep_re_time)
+    ep_f, ep_b = b.ep_fw_time, b.ep_bw_time + b.ep_re_time
+    c_f = d_f = 0.5 * ep_f
+    c_b = d_b = 0.5 * ep_b
     e_f, e_b = b.experts_fw_time, b.experts_bw_time
     a_f = b.fw_time - e_f
     a_b = b.agrad_time + b.wgrad_time - e_b
     middle = _hidden_behind(d_f + d_b, e_f + e_b, u)
     fw = _hidden_behind(c_f, a_b, u) + 0.5 * middle
     bw = _hidden_behind(c_b, a_f, u) + 0.5 * middle
-    return fw, bw
+    alone = self._unpaired_share
+    return (1.0 - alone) * fw + alone * ep_f, (1.0 - alone) * bw + alone * ep_b
+
+  @cached_property
+  def _unpaired_share(self):
+    """Share of a stage's chunk passes the 1F1B all-to-all overlap runs
+    alone (see :meth:`_paired_exposed_s`): warm-up passes over the M x VP
+    chunk passes of the first stage, at most 1."""
+    pp = np.asarray(self.exe.pipeline_par)
+    vp = np.maximum(np.asarray(self.interleaving), 1)
+    warm = np.where(pp > 1, np.where(vp > 1, 2 * (pp - 1) + (vp - 1) * pp + 1,
+                                     pp), 1)
+    passes = np.maximum(self.num_microbatches * vp, 1)
+    return np.minimum(1.0, warm / passes)
 
   @cached_property
   def block_ep_fw_exposed_s(self):
