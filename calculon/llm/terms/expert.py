@@ -102,8 +102,8 @@ class ExpertTerms:
     middle = _hidden_behind(d_f + d_b, e_f + e_b, u)
     fw = _hidden_behind(c_f, a_b, u) + 0.5 * middle
     bw = _hidden_behind(c_b, a_f, u) + 0.5 * middle
-    alone = self._unpaired_share
-    return (1.0 - alone) * fw + alone * ep_f, (1.0 - alone) * bw + alone * ep_b
+    share = self._unpaired_share
+    return (1.0 - share) * fw + share * ep_f, (1.0 - share) * bw + share * ep_b
 
   @cached_property
   def _unpaired_share(self):
@@ -118,33 +118,38 @@ class ExpertTerms:
     return np.minimum(1.0, warm / passes)
 
   @cached_property
-  def block_ep_fw_exposed_s(self):
-    """Forward dispatch and combine of a block not hidden, plus the compute
-    they slow while hidden (:func:`_hidden_behind`; a training step's
-    'compute': :meth:`_paired_exposed_s`)."""
+  def _paired(self):
+    """Bool array over the executions: where a training step's
+    ``moe_comm_overlap`` 'compute' pairs the passes of two microbatches
+    (:meth:`_paired_exposed_s`); None where none does."""
     from calculon.config.execution import MOE_OVERLAP_COMPUTE
-    alone = _hidden_behind(self.block.ep_fw_time, self._ep_hiding_s('fw'),
-                           self.ep_usage)
     paired = (np.asarray(self.exe.moe_comm_overlap) == MOE_OVERLAP_COMPUTE) \
       & np.asarray(self.training, dtype=bool)
-    if not np.any(paired):
-      return alone
-    return np.where(paired, self._paired_exposed_s[0], alone)
+    return paired if np.any(paired) else None
+
+  def _exposed_s(self, stage, comm):
+    """``comm`` seconds of one pass's (``stage`` 'fw' or 'bw') dispatch and
+    combine not hidden, plus the compute they slow while hidden: behind
+    the same pass (:meth:`_ep_hiding_s`), or where microbatches are paired,
+    :meth:`_paired_exposed_s`."""
+    own = _hidden_behind(comm, self._ep_hiding_s(stage), self.ep_usage)
+    if self._paired is None:
+      return own
+    return np.where(self._paired, self._paired_exposed_s[stage == 'bw'],
+                    own)
+
+  @cached_property
+  def block_ep_fw_exposed_s(self):
+    """Forward dispatch and combine of a block not hidden, plus the compute
+    they slow while hidden (:meth:`_exposed_s`)."""
+    return self._exposed_s('fw', self.block.ep_fw_time)
 
   @cached_property
   def block_ep_bw_exposed_s(self):
     """Backward dispatch and combine (and the forward ones again when
-    the block is recomputed) not hidden ('compute':
-    :meth:`_paired_exposed_s`)."""
-    from calculon.config.execution import MOE_OVERLAP_COMPUTE
+    the block is recomputed) not hidden (:meth:`_exposed_s`)."""
     b = self.block
-    alone = _hidden_behind(b.ep_bw_time + b.ep_re_time,
-                           self._ep_hiding_s('bw'), self.ep_usage)
-    paired = (np.asarray(self.exe.moe_comm_overlap) == MOE_OVERLAP_COMPUTE) \
-      & np.asarray(self.training, dtype=bool)
-    if not np.any(paired):
-      return alone
-    return np.where(paired, self._paired_exposed_s[1], alone)
+    return self._exposed_s('bw', b.ep_bw_time + b.ep_re_time)
 
   @cached_property
   def expert_weight_bytes(self):
