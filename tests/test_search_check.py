@@ -284,3 +284,14 @@ def test_markdown_table_lists_tuned_rows_first(frame):
     (frame['status'] == 'ok').sum())
   assert any(x.startswith('- Tuned recipes (*): 1 of 1 searched')
              for x in lines)
+
+
+def test_cli_runs_without_a_runs_suite_is_refused(runs):
+  # seqsel is the default suite; it reads no measured-runs file, so a --runs
+  # given without --suite would be ignored and the user shown the wrong
+  # comparison.
+  res = run_cli('llm-validation', '--runs', runs)
+  assert res.returncode == 2, (res.stdout, res.stderr)
+  lines = [x for x in res.stderr.splitlines() if x.strip()]
+  assert len(lines) == 1 and 'Traceback' not in res.stderr, res.stderr
+  assert '--runs' in lines[0] and '--suite published' in lines[0]

@@ -240,6 +240,17 @@ def run(args, log):
     raise ConfigError(f'--search: not allowed with --suite {args.suite}: it '
                       'searches the rows of the published suite (--suite '
                       'published or all)', field='--search')
+  if args.suite == 'seqsel':
+    from calculon.errors import ConfigError
+    for option, value in (('--runs', args.runs),
+                          ('--conventions', args.conventions),
+                          ('--framework', args.framework),
+                          ('--tuned', args.tuned)):
+      if value is not None:
+        raise ConfigError(f'{option}: not allowed with --suite seqsel (the '
+                          'default): it applies to the measured-runs suites '
+                          '(--suite published, whole-runs, all or serving)',
+                          field=option)
   if args.tuned is not None:
     from calculon.validation.search_check import tuned_patterns
     tuned_patterns(args.tuned)
