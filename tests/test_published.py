@@ -820,6 +820,25 @@ def test_framework_facts_in_the_notes_of_any_source(tmp_path):
   assert b.axes['data_par_overlap'] == [False]
 
 
+def test_all_gather_context_parallelism_in_the_notes(tmp_path):
+  """Notes saying the CP is all-gather based (Llama 3, arXiv 2407.21783
+  section 3.3.2: K and V all-gathered, then the local queries' attention)
+  price the all-gather exchange instead of Megatron-Core's default ring
+  (--cp-comm-type p2p); notes that say nothing keep the ring.  The
+  all-gather leaves more of the CP exchange exposed, so the row prices
+  slower."""
+  ag = _plain_row(cp='2', notes='the CP is all-gather based')
+  ring = _plain_row(cp='2')
+  s = P.Suite(ROOT, [write_csv(tmp_path / 'v.csv', [ag, ring])])
+  a, b = s.cases
+  value = lambda c: c.fixed.get('context_par_comm',
+                                (c.axes.get('context_par_comm') or [None])[0])
+  assert value(a) == 'all_gather'
+  assert value(b) in (None, 'ring')
+  fast_a, fast_b = (r.predicted_s for r in P.run_suite(s))
+  assert fast_a > fast_b
+
+
 def test_unseen_runs_file_is_priced():
   """validation/unseen_runs.csv (Llama 3 405B, MT-NLG 530B and
   DeepSeek-V3 from their papers; never used by a calibration or a
