@@ -140,7 +140,9 @@ def test_deepep_sends_each_token_once_per_destination_node():
   crosses to 3 (1 - C(192, 8) / C(256, 8)) = 2.711 nodes: 2.711 x 7168 x
   2 bytes per token on the network, against 8 x 7168 x 2 x 24/32 for a
   plain all-to-all (6 of its 8 copies go to the other 3 nodes); NVLink
-  carries 31/32 of the 8 copies, less than 8 x 450 GB/s-class links need."""
+  carries one copy to each other rank holding one of the token's experts,
+  less than 8 x 450 GB/s-class links need.  Inside a node DeepEP still
+  sends a token to a rank once, not once per expert there."""
   from math import comb
   system, plain = _deepseek_ep32('alltoall')
   _, deepep = _deepseek_ep32('deepep')
@@ -155,7 +157,11 @@ def test_deepep_sends_each_token_once_per_destination_node():
     net.effective_bw[1]
   assert value(plain.block.ep_fw_time) == pytest.approx(2 * all_to_all,
                                                         rel=1e-12)
-  # Inside one node (EP 8 on NVLink) DeepEP is the plain all-to-all.
+  # Inside one node (EP 8 on NVLink) DeepEP sends a token once to each
+  # other rank holding one of its experts (DeepEP buffer.py
+  # is_token_in_rank): another rank holds none of a token's 8 experts with
+  # probability C(224, 8) / C(256, 8), so it reaches 7 (1 - C(224, 8) /
+  # C(256, 8)) = 4.633 ranks, against 7 of the plain all-to-all's 8 copies.
   app = Application.from_dict(dict(DEEPSEEK_V3, num_blocks=4,
                                    first_dense_blocks=0))
   inside = [value(evaluation(app, system, tensor_par=1, data_par=8,
@@ -163,7 +169,15 @@ def test_deepep_sends_each_token_once_per_destination_node():
                              moe_dispatcher=d, datatype='bfloat16',
                              attention_kernel='flash').block.ep_fw_time)
             for d in ('alltoall', 'deepep')]
-  assert inside[0] == inside[1]
+  # The bytes of each go through the file's NCCL all-to-all table, which
+  # applies the all-to-all's 7/8.
+  ranks = 7 * (1 - comb(224, 8) / comb(256, 8))
+  assert ranks == pytest.approx(4.633, abs=1e-3)
+  copies = tokens * 8 * h * 2
+  for got, sent in zip(inside, (copies, copies * ranks / 8 * 8 / 7)):
+    assert got == pytest.approx(
+      2 * value(net.time_s('all_to_all', sent, 8, 0)), rel=1e-12)
+  assert inside[1] < 0.8 * inside[0]
 
 
 def test_node_limited_routing_bounds_the_nodes_a_token_reaches():
@@ -529,3 +543,23 @@ def test_moe_bad_inputs():
   with pytest.raises(ConfigError, match='must divide tensor_par'):
     evaluation(Application.from_dict(MIXTRAL), sysm, data_par=2,
                batch_size=2, expert_par=4)
+
+
+def test_deepep_sends_a_token_to_a_rank_once():
+  """DeepEP and HybridEP send a token to each destination rank once, the
+  copies per local expert made after the transfer (DeepEP deep_ep/buffer.py:
+  is_token_in_rank [num_tokens, num_ranks]; hybrid_ep_buffer.py: dispatch
+  -> local_permute -> expert_mlp).  Qwen3-30B-A3B on EP 8 (128 experts,
+  top-8, 16 per rank): another rank holds none of a token's experts with
+  probability C(112, 8) / C(128, 8), so a token reaches 7 (1 - C(112, 8) /
+  C(128, 8)) = 4.672 other ranks, 4.672 / 8 of the k copies the all-to-all
+  dispatcher sends; with one expert per rank (E = p) nothing is saved
+  beyond the distinct experts: k (p - 1) / p."""
+  from math import comb
+  from calculon.llm.layers import ExpertComm
+  ranks = 7 * (1 - comb(112, 8) / comb(128, 8))
+  assert ranks == pytest.approx(4.672, abs=1e-3)
+  assert ExpertComm.rank_dedup_bytes(8.0, 8, 128, 8) == pytest.approx(
+    ranks, rel=1e-12)
+  assert ExpertComm.rank_dedup_bytes(1.0, 16, 16, 2) == pytest.approx(
+    15 / 16, rel=1e-12)

@@ -371,9 +371,11 @@ EXECUTION = (
       absent_doc="1 (Megatron-Core's default)"),
   _ex('moe_dispatcher', _choice(DISPATCHER_NAMES), 'moe',
       "token dispatch and combine: 'alltoall', 'allgather', or 'deepep' "
-      '(each token crosses the network once per destination node)',
+      '(DeepEP or HybridEP: each token goes to a rank holding its experts '
+      'once, and crosses the network once per destination node)',
       names=DISPATCHER_NAMES, absent='alltoall', absent_doc="'alltoall'",
-      source='DeepSeek-V3 technical report, section 3.2.2; DeepEP'),
+      source='DeepSeek-V3 technical report, section 3.2.2; DeepEP '
+      'deep_ep/buffer.py (is_token_in_rank) and hybrid_ep_buffer.py'),
   _ex('moe_comm_overlap', _choice(MOE_OVERLAP_NAMES), 'moe',
       'dispatch and combine hidden behind the shared experts or the rest '
       "of the block's compute", names=MOE_OVERLAP_NAMES, absent='none',

@@ -1717,11 +1717,25 @@ class ExpertComm(Layer):
     faster tier while the rest crosses the network, both at once; the time
     is the slower of the two (DeepSeek-AI 2024, DeepSeek-V3 section 3.2.2,
     dispatches over InfiniBand and NVLink concurrently).  With
-    ``node_dedup`` on, see :meth:`_node_dedup_times_s`."""
+    ``node_dedup`` on (DeepEP, HybridEP), a token goes to each rank that
+    holds one of its experts once, not once per expert
+    (:meth:`rank_dedup_bytes`), and across nodes once per node, see
+    :meth:`_node_dedup_times_s`."""
     def compute():
       net = self.ctx.system.networks
       n, p, tier = self.ep_bytes(), self.peers, self.tier
       t = net.time_s(self.op, n, p, tier)
+      dedup = self.op == 'all_to_all' and self.node_dedup is not None and \
+        self.node_dedup[0] is not False
+      if dedup:
+        on, experts, k = self.node_dedup[:3]
+        groups = tuple(self.node_dedup[3:5]) or (None, None)
+        with np.errstate(divide='ignore', invalid='ignore'):
+          # time_s applies the all-to-all's (p - 1) / p: undo it for bytes
+          # already counted per rank.
+          n_rank = self.rank_dedup_bytes(n, p, experts, k, *groups) * p / \
+            np.maximum(p - 1, 1)
+        t = np.where(on, net.time_s(self.op, n_rank, p, tier), t)
       if self.op == 'all_to_all' and np.any(np.asarray(tier) > 0):
         below = np.maximum(np.asarray(tier) - 1, 0)
         q = np.minimum(p, net.size[below])
@@ -1729,11 +1743,9 @@ class ExpertComm(Layer):
           inter = net.time_s(self.op, n * (p - q) / np.maximum(p - 1, 1), p,
                              tier)
           intra = net.time_s(self.op, n * q / p, np.maximum(q, 1), below)
-          if self.node_dedup is not None and self.node_dedup[0] is not False:
-            on, experts, k = self.node_dedup[:3]
-            groups = tuple(self.node_dedup[3:5]) or (None, None)
+          if dedup:
             dedup_inter, dedup_intra = self._node_dedup_times_s(
-              net, n, p, q, tier, below, experts, k, *groups)
+              net, n, p, q, tier, below, experts, k, *groups, n_rank=n_rank)
             inter = np.where(on, dedup_inter, inter)
             intra = np.where(on, dedup_intra, intra)
         split = (np.asarray(tier) > 0) & (q > 1) & (q < p)
@@ -1795,9 +1807,41 @@ class ExpertComm(Layer):
     hit = np.where(whole, hit_whole, np.where(split, hit_split, plain))
     return (nodes - 1) * hit
 
+  @classmethod
+  def rank_dedup_bytes(cls, n, p, experts, k, groups=None, group_topk=None):
+    """Bytes a rank sends to the other ranks of a DeepEP or HybridEP
+    dispatch (and, mirrored, receives back in its combine): ``n`` (tokens x
+    k x h x bytes, one copy per selected expert, as Megatron-Core's
+    all-to-all dispatcher sends them) x R / k, with R the expected number
+    of other ranks a token's k experts lie on
+    (:meth:`remote_nodes_per_token` over the p ranks).
+
+    DeepEP sends each token to a rank once whatever the number of its
+    experts there (deepseek-ai/DeepEP deep_ep/buffer.py at 04b06f7a:
+    ``Buffer.get_dispatch_layout`` returns ``is_token_in_rank``, "[num_tokens,
+    num_ranks] ... whether a token be sent to a rank", and ``dispatch``
+    takes ``x`` as [num_tokens, hidden]); the combine returns one row per
+    received token after the rank has summed its experts' outputs.
+    Megatron-Core's flex dispatcher hands DeepEP the tokens and its layout
+    (megatron/core/transformer/moe/fused_a2a.py ``FusedDispatch`` at
+    d98e8a64dd, ``buffer.get_dispatch_layout``), in 16 bits ("HybridEP
+    dispatcher does not support fp8 dispatch now", same file).
+    HybridEP does the same: "dispatch_in_forward -> local_permute ->
+    expert_mlp -> local_unpermute -> combine_in_forward" (DeepEP
+    deep_ep/hybrid_ep_buffer.py, ``HybridEpBuffer.dispatch``), the copies
+    per local expert made after the transfer.  Balanced routing.
+
+    Args (arrays broadcast): n bytes with one copy per expert; p ranks;
+    E ``experts``; top-``k``; group-limited routing as
+    :meth:`remote_nodes_per_token`.
+    """
+    ranks = cls.remote_nodes_per_token(np.maximum(p, 1), experts, k, groups,
+                                       group_topk)
+    return n * ranks / k
+
   @staticmethod
   def _node_dedup_times_s(net, n, p, q, tier, below, experts, k,
-                          groups=None, group_topk=None):
+                          groups=None, group_topk=None, n_rank=None):
     """(across-node, inside-node) seconds of a DeepEP-style all-to-all
     (DeepSeek-AI 2024, DeepSeek-V3 section 3.2.2; deepseek-ai/DeepEP
     "normal kernels"): a token bound for experts on another node crosses
@@ -1809,8 +1853,12 @@ class ExpertComm(Layer):
     token crosses to R = (N - 1) (1 - C(E - E/N, k) / C(E, k)) nodes on
     average: ``n * R / k`` bytes per rank over the network instead of
     Calculon-style ``n (p - q) / p`` (n = tokens x k x h x bytes, the
-    k copies).  Every copy but the rank's own then crosses NVLink once
-    (directly or forwarded): ``n (p - 1) / p`` bytes on the tier below.
+    k copies).  Every token then crosses NVLink once to each other rank
+    holding one of its experts (directly or forwarded from the GPU that
+    received it; counting the forwarding GPU's own experts too, an upper
+    bound): ``n_rank`` bytes on the tier below (:meth:`rank_dedup_bytes`,
+    as ``ep_time_s`` passes it, with the all-to-all's (p - 1) / p undone;
+    without it ``n``, every copy but the rank's own).
     Balanced routing; the tokens keep their 16-bit datatype, as
     Megatron-Core's DeepEP path sends them (``FusedDispatch``,
     megatron/core/transformer/moe/fused_a2a.py); with group-limited
@@ -1824,7 +1872,8 @@ class ExpertComm(Layer):
     # across-node bytes, which are already per rank.
     inter = net.time_s('all_to_all', n * remote / k * p / np.maximum(p - 1, 1),
                        p, tier)
-    intra = net.time_s('all_to_all', n, p, below)
+    intra = net.time_s('all_to_all', n if n_rank is None else n_rank, p,
+                       below)
     return inter, intra
 
   def fw_mem_bytes(self):
