@@ -856,7 +856,7 @@ def test_unseen_tuned_runs_file():
   1F1B expert all-to-all overlap at 24,713.8 -> 20,992.03 ms per step
   (moe-optimization-workflow card; 244.039 -> 287.305 TFLOP/s in the
   expert-parallel-overlap card: the same 1.177x); the calibrated DGX H100
-  file prices the gain within 3 % of it (1.189x: the dispatch and combine
+  file prices the gain within 3 % of it (1.186x: the dispatch and combine
   paired with the other microbatch's compute as Megatron-Core's layer
   schedule runs them, the first forward and the last backward alone,
   under the file's MoE host floor).  Without the overlap priced the
