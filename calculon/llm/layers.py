@@ -1828,8 +1828,9 @@ class ExpertComm(Layer):
     dispatcher does not support fp8 dispatch now", same file).
     HybridEP does the same: "dispatch_in_forward -> local_permute ->
     expert_mlp -> local_unpermute -> combine_in_forward" (DeepEP
-    deep_ep/hybrid_ep_buffer.py, ``HybridEpBuffer.dispatch``), the copies
-    per local expert made after the transfer.  Balanced routing.
+    deep_ep/hybrid_ep_buffer.py at 017a5202, ``HybridEpBuffer.dispatch``),
+    the copies per local expert made after the transfer.  Balanced
+    routing.
 
     Args (arrays broadcast): n bytes with one copy per expert; p ranks;
     E ``experts``; top-``k``; group-limited routing as
