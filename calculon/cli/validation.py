@@ -242,15 +242,15 @@ def run(args, log):
                       'published or all)', field='--search')
   if args.suite == 'seqsel':
     from calculon.errors import ConfigError
-    for option, value in (('--runs', args.runs),
-                          ('--conventions', args.conventions),
-                          ('--framework', args.framework),
-                          ('--tuned', args.tuned)):
+    for option, value, suites in (
+        ('--runs', args.runs, 'published, whole-runs, all or serving'),
+        ('--conventions', args.conventions, 'published, whole-runs or all'),
+        ('--framework', args.framework, 'published or all'),
+        ('--tuned', args.tuned, 'published or all, with --search')):
       if value is not None:
         raise ConfigError(f'{option}: not allowed with --suite seqsel (the '
-                          'default): it applies to the measured-runs suites '
-                          '(--suite published, whole-runs, all or serving)',
-                          field=option)
+                          'default), which reads no measured runs: it '
+                          f'applies to --suite {suites}', field=option)
   if args.tuned is not None:
     from calculon.validation.search_check import tuned_patterns
     tuned_patterns(args.tuned)
