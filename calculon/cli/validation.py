@@ -229,6 +229,7 @@ def run(args, log):
     ConfigError: a missing or invalid input file, or an output folder that
       cannot be written (exit status 2, before anything runs).
   """
+  from calculon.errors import ConfigError
   from calculon.validation import check_base_dir, default_base_dir
   for option, path, what in (('--out', args.out, 'tables folder'),
                              ('--plot', args.plot, 'charts folder')):
@@ -236,12 +237,10 @@ def run(args, log):
       outputs.check_output_path(path, want_dir=True, what=what,
                                 option=option)
   if args.search and args.suite not in ('published', 'all'):
-    from calculon.errors import ConfigError
     raise ConfigError(f'--search: not allowed with --suite {args.suite}: it '
                       'searches the rows of the published suite (--suite '
                       'published or all)', field='--search')
   if args.suite == 'seqsel':
-    from calculon.errors import ConfigError
     for option, value, suites in (
         ('--runs', args.runs, 'published, whole-runs, all or serving'),
         ('--conventions', args.conventions, 'published, whole-runs or all'),

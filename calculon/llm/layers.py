@@ -1745,7 +1745,7 @@ class ExpertComm(Layer):
           intra = net.time_s(self.op, n * q / p, np.maximum(q, 1), below)
           if dedup:
             dedup_inter, dedup_intra = self._node_dedup_times_s(
-              net, n, p, q, tier, below, experts, k, *groups, n_rank=n_rank)
+              net, n, p, q, tier, below, experts, k, *groups, n_rank)
             inter = np.where(on, dedup_inter, inter)
             intra = np.where(on, dedup_intra, intra)
         split = (np.asarray(tier) > 0) & (q > 1) & (q < p)
@@ -1842,7 +1842,7 @@ class ExpertComm(Layer):
 
   @staticmethod
   def _node_dedup_times_s(net, n, p, q, tier, below, experts, k,
-                          groups=None, group_topk=None, n_rank=None):
+                          groups, group_topk, n_rank):
     """(across-node, inside-node) seconds of a DeepEP-style all-to-all
     (DeepSeek-AI 2024, DeepSeek-V3 section 3.2.2; deepseek-ai/DeepEP
     "normal kernels"): a token bound for experts on another node crosses
@@ -1858,8 +1858,8 @@ class ExpertComm(Layer):
     holding one of its experts (directly or forwarded from the GPU that
     received it; counting the forwarding GPU's own experts too, an upper
     bound): ``n_rank`` bytes on the tier below (:meth:`rank_dedup_bytes`,
-    as ``ep_time_s`` passes it, with the all-to-all's (p - 1) / p undone;
-    without it ``n``, every copy but the rank's own).
+    as ``ep_time_s`` passes it, with the all-to-all's (p - 1) / p
+    undone).
     Balanced routing; the tokens keep their 16-bit datatype, as
     Megatron-Core's DeepEP path sends them (``FusedDispatch``,
     megatron/core/transformer/moe/fused_a2a.py); with group-limited
@@ -1873,8 +1873,7 @@ class ExpertComm(Layer):
     # across-node bytes, which are already per rank.
     inter = net.time_s('all_to_all', n * remote / k * p / np.maximum(p - 1, 1),
                        p, tier)
-    intra = net.time_s('all_to_all', n if n_rank is None else n_rank, p,
-                       below)
+    intra = net.time_s('all_to_all', n_rank, p, below)
     return inter, intra
 
   def fw_mem_bytes(self):
