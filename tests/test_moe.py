@@ -384,12 +384,16 @@ def test_host_floor_of_moe_blocks():
   assert value(plain.moe_host_time_s) == 0.0
   # A full-iteration CUDA graph replays the whole forward and backward pass
   # with one launch (Megatron-Core cuda_graph_impl 'full_iteration'): the
-  # blocks never wait for the host; per-layer graphs keep the floor.
+  # blocks never wait for the host.  Per-layer graphs (attn, moe_router,
+  # moe_preprocess) leave the host 484 / 623 of its eager time: NVIDIA's
+  # launch-bound Qwen3-30B-A3B step on two H100 nodes, 623 ms eager and
+  # 484 ms with them (Megatron-Bridge skills/nemo-mbridge-perf-cuda-graphs/
+  # card.yaml, 067f987df): 2 blocks x 0.777 x per_mb - per_mb.
   floored = System(dict(H100, overhead={'per_moe_block_s': per_mb}))
   layers = evaluation(app, floored, cuda_graphs='layers', **common)
   full = evaluation(app, floored, cuda_graphs='full_iteration', **common)
   assert value(layers.moe_host_time_s) == pytest.approx(
-    (2 * per_mb - per_mb) * nmb, rel=1e-9)
+    (2 * 484 / 623 - 1) * per_mb * nmb, rel=1e-9)
   assert value(full.moe_host_time_s) == 0.0
   assert value(full.total_time_s) == pytest.approx(
     value(plain.total_time_s), rel=1e-12)

@@ -729,9 +729,11 @@ EXECUTION = (
   _ex('cuda_graphs', _choice(CUDA_GRAPH_NAMES), 'kernels',
        "CUDA graphs the run replays: 'layers': per-layer graphs of some "
        'modules (Megatron-Core cuda_graph_impl transformer_engine or local, '
-       'cuda_graph_modules such as attn, moe_router, moe_preprocess), whose '
-       "share of the MoE blocks' host time is not priced (the MoE host "
-       "floor holds as without graphs); 'full_iteration': one graph of the "
+       'cuda_graph_modules such as attn, moe_router, moe_preprocess), which '
+       "leave 0.777 of the MoE blocks' eager host time (the MoE host floor "
+       'scaled by the step time measured with and without them, Megatron-'
+       'Bridge skills/nemo-mbridge-perf-cuda-graphs/card.yaml, 067f987df); '
+       "'full_iteration': one graph of the "
        'whole forward and backward pass, replayed with one launch, so the '
        'MoE blocks never wait for the host (no MoE host floor)',
        names=CUDA_GRAPH_NAMES, absent='none',
