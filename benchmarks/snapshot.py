@@ -4,8 +4,8 @@
 Writes (``--write FILE``) or compares with (``--check FILE``) a JSON
 snapshot of
 
-* every published row (the bundled runs files, validation/unseen_runs.csv and
-  unseen_tuned_runs.csv,
+* every published row (the bundled runs files, validation/unseen_runs.csv,
+  unseen_tuned_runs.csv and unseen_mlperf_runs.csv,
   uncalibrated and with the calibrated files): its status, predicted and
   slowest times, memory, the candidates priced, and the chosen execution
   *as ``calculon llm`` resolves it* (every field, after the framework
@@ -72,7 +72,9 @@ def published():
   paths = {'bundled': None,
            'unseen': [os.path.join(base, 'validation', 'unseen_runs.csv')],
            'unseen_tuned': [os.path.join(base, 'validation',
-                                         'unseen_tuned_runs.csv')]}
+                                         'unseen_tuned_runs.csv')],
+           'unseen_mlperf': [os.path.join(base, 'validation',
+                                          'unseen_mlperf_runs.csv')]}
   for label, runs in paths.items():
     suite = P.Suite(base, runs)
     for calibrated in (False, True):
