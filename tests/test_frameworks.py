@@ -232,6 +232,35 @@ def test_layer_graphs_refuse_activation_offload():
   assert seen['none'] and not seen['layers']
 
 
+def test_tp_overlap_refuses_float4():
+  """Transformer Engine's userbuffers (the tiled TP overlap) take FP8 and
+  MXFP8 tensors only ('Unsupported quantizer for Userbuffers' otherwise,
+  transformer_engine/pytorch/module/base.py at d0067d0da), and NVIDIA's
+  NVFP4 recipes turn the overlap off: a float4 run with the overlap is
+  refused naming the check and its source, a float8 one is not, and a
+  float4 search never overlaps TP."""
+  app = llama8()
+  ring = dict(EXE, tensor_par_overlap='ring')
+  resolve_execution(app, Execution.from_dict(dict(ring, datatype='float8')))
+  resolve_execution(app, Execution.from_dict(dict(EXE, datatype='float4')))
+  with pytest.raises(ConfigError, match="'tensor_par_overlap' is not "
+                     'allowed .* not with datatype "float4" .*Unsupported '
+                     'quantizer for Userbuffers'):
+    resolve_execution(app, Execution.from_dict(dict(ring,
+                                                    datatype='float4')))
+  from calculon.config.execution import TP_OVERLAP_NONE
+  system = System(load_json(repo('systems', 'b200.json')))
+  seen, valid = {}, {}
+  for dtype in ('float8', 'float4'):
+    spec = SearchSpec(app, system, 8, 64, dtype)
+    seen[dtype] = valid[dtype] = 0
+    for ok, cols in _searched(spec):
+      tpo = _at(np.asarray(cols.tensor_par_overlap) != TP_OVERLAP_NONE, ok)
+      seen[dtype] += int(np.sum(ok & tpo))
+      valid[dtype] += int(np.sum(ok))
+  assert valid['float4'] and seen['float8'] and not seen['float4']
+
+
 def test_expert_overlap_refuses_activation_offload():
   """Megatron-Core's layer-level activation offload (cpu_offloading) is
   entered only in TransformerBlock.forward's own layer loop; the 1F1B

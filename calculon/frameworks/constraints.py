@@ -100,6 +100,12 @@ def _tp_overlap_without_sequence_parallel(c, app, value):
     np.asarray(c.tensor_par_comm_type) != TP_COMM_RS_AG)
 
 
+def _tp_overlap_without_float4(c, app, value):
+  from calculon.config.execution import DATATYPE_NAMES, TP_OVERLAP_NONE
+  return (np.asarray(c.tensor_par_overlap) != TP_OVERLAP_NONE) & (
+    np.asarray(c.datatype) == DATATYPE_NAMES.index('float4'))
+
+
 def _split_not_buildable(c, app, value):
   """Splits a Megatron-Core without layer layouts cannot build
   (megatron/core/transformer/transformer_block.py get_num_layers_to_build
@@ -154,6 +160,10 @@ KINDS = {
     _layer_graphs_without_activation_offload,
     'activations offload not with cuda_graphs "layers"', False,
     'activations_offload'),
+  'tp_overlap_without_float4': (
+    _tp_overlap_without_float4,
+    'tensor_par_overlap "ring" or "pipe" not with datatype "float4"', False,
+    'tensor_par_overlap'),
   'weight_offload_needs_parameter_sharding': (
     _weight_offload_needs_parameter_sharding,
     'weights offload only with data_par_sharding "parameters"', False,
