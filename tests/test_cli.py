@@ -290,10 +290,14 @@ def test_ctrl_c_writes_the_best_so_far_marked_partial(tmp_path):
   import time
   out = tmp_path / 'best.json'
   env = dict(os.environ, PYTHONPATH=ROOT)
+  # The child gets Ctrl-C's default disposition, as from a shell: an
+  # ignored SIGINT in the test process (inherited across exec) would make
+  # Python install no KeyboardInterrupt handler in the child.
   proc = subprocess.Popen(
     [sys.executable, '-m', 'calculon', 'loe', repo('models', 'gpt3-175B.json'),
      '1024', '1536', 'float16', SYS, str(out), '-t', '3', '-c', '1', '-q'],
-    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
   time.sleep(2.0)
   proc.send_signal(signal.SIGINT)
   stdout, stderr = proc.communicate(timeout=120)
