@@ -26,10 +26,6 @@ import numpy as np
 from calculon.config.registry import CUDA_GRAPH_NAMES
 from calculon.llm.terms.base import Concern
 
-#: ``cuda_graphs`` code of a full-iteration graph.
-GRAPHS_FULL_ITERATION = CUDA_GRAPH_NAMES.index('full_iteration')
-#: ``cuda_graphs`` code of per-layer graphs.
-GRAPHS_LAYERS = CUDA_GRAPH_NAMES.index('layers')
 
 #: Share of a MoE block's host launch time left under per-layer CUDA graphs
 #: (``cuda_graphs`` 'layers': Transformer Engine graphs of the attention,
@@ -43,6 +39,11 @@ GRAPHS_LAYERS = CUDA_GRAPH_NAMES.index('layers')
 #: stops being launch-bound under the graphs gains less than the launches
 #: it saves), so the floor it leaves is the highest the measurement allows.
 LAYER_GRAPHS_HOST_SHARE = 484.0 / 623.0
+
+#: Share of the eager host launches left, by ``cuda_graphs`` code.
+_HOST_SHARE = np.array([{'none': 1.0, 'layers': LAYER_GRAPHS_HOST_SHARE,
+                         'full_iteration': 0.0}[name]
+                        for name in CUDA_GRAPH_NAMES])
 
 
 class HostTerms:
@@ -78,11 +79,8 @@ class HostTerms:
     megatron/core/full_cuda_graph.py); :data:`LAYER_GRAPHS_HOST_SHARE` of
     them under per-layer graphs (``cuda_graphs`` 'layers', which replay
     part of each block's kernels as one launch)."""
-    graphs = np.asarray(self.exe.cuda_graphs)
-    share = np.where(graphs == GRAPHS_FULL_ITERATION, 0.0,
-                     np.where(graphs == GRAPHS_LAYERS,
-                              LAYER_GRAPHS_HOST_SHARE, 1.0))
-    return share * self.moe_blocks_per_proc
+    return _HOST_SHARE[np.asarray(self.exe.cuda_graphs)] * \
+      self.moe_blocks_per_proc
 
   @cached_property
   def moe_host_time_s(self):
