@@ -57,7 +57,9 @@ What the application cannot express is decided per feature:
   attention; a narrower one sets ``sliding_window`` and
   ``sliding_window_blocks``), and
   DeepSeek's multi-token-prediction layers (``num_nextn_predict_layers``,
-  left out as in ``models/deepseek-v3.json``: the main model).
+  left out as in ``models/deepseek-v3.json``: the main model, which
+  serving prices; the application field ``mtp_layers`` adds them to
+  training).
 """
 
 import os
@@ -453,7 +455,8 @@ def _deepseek(c, app, mla, layers, notes):
   if mtp:
     notes.append(f'The {mtp} multi-token-prediction layer(s) '
                  '(num_nextn_predict_layers) are left out: this is the main '
-                 'model.')
+                 f'model (add "mtp_layers": {mtp} to price training with '
+                 'them).')
 
 
 def _family_notes(c, family, app, layers, notes):

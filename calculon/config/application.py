@@ -114,6 +114,7 @@ class Application:
   v_head_dim: object = None
   sliding_window: object = None
   sliding_window_blocks: object = None
+  mtp_layers: int = 0
 
   FIELDS = ('hidden', 'feedforward', 'seq_size', 'attn_heads', 'attn_size',
             'num_blocks')
@@ -154,6 +155,9 @@ class Application:
       if self.position_embedding is not None:
         fail('position_embedding', 'it needs vocab_size (position '
              'embeddings belong to the embedding stage)')
+      if self.mtp_layers:
+        fail('mtp_layers', 'it needs vocab_size (a multi-token prediction '
+             'module predicts through the LM head)')
     if self.num_experts is None:
       for name in MOE_FIELDS:
         if getattr(self, name) != OPTIONAL[name][1]:

@@ -872,6 +872,18 @@ APPLICATION = (
   _app('sliding_window_blocks', _INT0, 'attention',
        'blocks that attend over the window', absent=None,
        absent_doc='all blocks (with sliding_window)'),
+  _app('mtp_layers', _INT0, 'vocabulary',
+       'multi-token prediction modules D, trained with the model on the '
+       'last pipeline stage: each one more block of the busiest kind, a '
+       '2h x h projection of the normalized hidden state and next-token '
+       'embedding, and one more pass through the shared LM head and loss '
+       '(needs vocab_size; serving ignores it; the parameter counts stay '
+       "the main model's, model FLOP count the modules as Megatron-LM "
+       'does)', absent=0,
+       absent_doc='0 (none)',
+       source='DeepSeek-AI 2024, DeepSeek-V3 technical report '
+       '(arXiv:2412.19437), section 2.2; Megatron-Core --mtp-num-layers, '
+       'megatron/core/transformer/multi_token_prediction.py'),
 )
 
 
@@ -1113,6 +1125,9 @@ BOUNDS = {
   ('application', 'shared_experts'): _EXPERTS,
   ('application', 'shared_expert_ffn_hidden'): _FF,
   ('application', 'first_dense_blocks'): _BLOCKS,
+  ('application', 'mtp_layers'): (64, '64 modules: 64x the depth '
+                                  'DeepSeek-V3 trains (D = 1); each module '
+                                  'is built layer by layer'),
   ('application', 'moe_layer_freq'): _BLOCKS,
   ('application', 'moe_router_num_groups'): _EXPERTS,
   ('application', 'moe_router_group_topk'): _EXPERTS,

@@ -83,6 +83,20 @@ def refuse(inp, target, name, why):
     allowed=why)
 
 
+def refuse_mtp(inp, target):
+  """The ConfigError of an application with multi-token prediction
+  modules (``mtp_layers`` > 0) for a target that trains none; None when
+  there are none."""
+  depth = int(getattr(inp.app, 'mtp_layers', 0) or 0)
+  if not depth:
+    return None
+  why = 'it trains no multi-token prediction module'
+  return ConfigError(
+    f"{inp.source}: application field 'mtp_layers' = {depth} cannot be "
+    f'exported to {target}: {why}', source=inp.source, field='mtp_layers',
+    value=depth, allowed=why)
+
+
 def stage_blocks(inp, target):
   """Transformer blocks of each virtual pipeline stage, in the order the
   frameworks list stages (stage ``k`` is chunk ``k // PP`` of pipeline rank

@@ -25,7 +25,7 @@ A pipeline with ZeRO stage 2 or 3 is refused, as ``runtime/pipe/engine.py``
 asserts ("ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism").
 """
 
-from calculon.export._common import header_lines, refuse
+from calculon.export._common import header_lines, refuse, refuse_mtp
 
 NAME = 'deepspeed'
 TARGET = 'DeepSpeed 0.19.8'
@@ -48,6 +48,9 @@ def refusals(inp):
   e, t = inp.exe, TARGET
   if not e.training:
     raise refuse(inp, t, 'training', 'the export writes a training launch')
+  mtp = refuse_mtp(inp, t)
+  if mtp is not None:
+    raise mtp
   if e.tensor_par > 1 and e.tensor_par_comm_type != 'ar':
     raise refuse(inp, t, 'tensor_par_comm_type', "its tensor parallelism "
                  "(AutoTP) all-reduces ('ar')")

@@ -166,7 +166,10 @@ def _layout(inp):
             'account_for_loss_in_pipeline_split': True}
   stages = ['t' * b for b in blocks]
   stages[0] = 'E' + stages[0]
-  stages[-1] = stages[-1] + 'L'
+  # The multi-token prediction modules with the loss, where Megatron-Core
+  # places them without a layout (multi_token_prediction.py
+  # mtp_on_this_rank; 'm' in pipeline_parallel_layer_layout.py).
+  stages[-1] = stages[-1] + 'm' * int(inp.app.mtp_layers) + 'L'
   return {'pipeline_model_parallel_layout': '|'.join(stages)}
 
 
@@ -194,6 +197,10 @@ def overrides(inp):
     'expert_tensor_parallel_size': int(e.expert_tensor_par),
     'seq_length': int(inp.app.seq_size),
   }
+  if inp.app.mtp_layers:
+    # --mtp-num-layers (megatron/core/transformer/transformer_config.py
+    # mtp_num_layers).
+    model['mtp_num_layers'] = int(inp.app.mtp_layers)
   model['pipeline_model_parallel_layout'] = layout.get(
     'pipeline_model_parallel_layout')
   model['account_for_embedding_in_pipeline_split'] = layout.get(

@@ -40,7 +40,8 @@ the pipeline's; without PP, local_batch_size = microbatch and the
 microbatches are gradient-accumulation steps.
 """
 
-from calculon.export._common import header_lines, refuse, stage_blocks
+from calculon.export._common import (
+  header_lines, refuse, refuse_mtp, stage_blocks)
 
 NAME = 'torchtitan'
 TARGET = 'torchtitan 0.3.0'
@@ -70,6 +71,9 @@ def refusals(inp):
   e, t = inp.exe, TARGET
   if not e.training:
     raise refuse(inp, t, 'training', 'the export writes a training launch')
+  mtp = refuse_mtp(inp, t)
+  if mtp is not None:
+    raise mtp
   if e.tensor_par_comm_type == 'p2p_rs_ag':
     raise refuse(inp, t, 'tensor_par_comm_type', 'DTensor tensor parallelism '
                  "all-reduces ('ar') or, with enable_sequence_parallel, "

@@ -568,6 +568,54 @@ def build_head(app, exe, ctx, holds_weights=True):
   return layers
 
 
+def build_mtp(app, exe, ctx, holds_embedding):
+  """Layers of the multi-token prediction modules beside the LM head on the
+  last pipeline stage (empty without ``app.mtp_layers`` or a vocabulary),
+  all but their transformer blocks (priced as blocks,
+  :attr:`~calculon.llm.terms.vocab.VocabTerms.mtp_block_s`).  Per module k
+  (DeepSeek-AI 2024, DeepSeek-V3 technical report, arXiv:2412.19437,
+  section 2.2, eq. 21-23; Megatron-Core
+  megatron/core/transformer/multi_token_prediction.py at d98e8a64dd,
+  MultiTokenPredictionLayer): the embedding of the token k positions
+  ahead (the shared embedding: its table is held here only where
+  ``holds_embedding``, the last stage's copy with PP > 1, GPTModel builds
+  ``self.embedding`` where ``mtp_process``), the RMSNorms of that
+  embedding and of the previous depth's hidden state (``enorm``,
+  ``hnorm``), the projection of their concatenation, 2h -> h
+  column-parallel over TP (``eh_proj``, ``gather_output=False``), and the
+  module's pass through the shared output head and its loss (the head's
+  weights belong to the main head: ``holds_weights=False``)."""
+  depth = int(getattr(app, 'mtp_layers', 0) or 0)
+  if not app.has_vocab or depth == 0:
+    return []
+  shape = Shape(app, exe, ctx)
+  tp = ctx.tp
+  table = -(-app.vocab_size // tp) * app.hidden
+  norm_cls = RMSNorm if app.norm == 'rmsnorm' else LayerNorm
+  layers = []
+  add = _adder(ctx, layers)
+  for k in range(depth):
+    held = holds_embedding if k == 0 else False
+    emb = add(EmbeddingLookup, f'MTP{k + 1}_Embedding', shape.act, table, 0,
+              activation_stored=False)
+    if held is not True:
+      for attr in ('weights', 'weight_grads', 'optim'):
+        setattr(emb, attr, where(held, getattr(emb, attr), 0))
+    add(TPComm, f'MTP{k + 1}_Embedding_G', shape.act, True,
+        activation_stored=False, present=tp > 1)
+    add(norm_cls, f'MTP{k + 1}_ENorm', shape.act_in, app.hidden)
+    add(norm_cls, f'MTP{k + 1}_HNorm', shape.act_in, app.hidden)
+    proj_f = add(TPComm, f'MTP{k + 1}_Proj_F', shape.act, False,
+                 present=tp > 1)
+    proj = add(Linear, f'MTP{k + 1}_Proj', shape.batch_seq, 2 * app.hidden,
+               app.hidden // tp)
+    _feeds(proj_f, proj)
+    for layer in build_head(app, exe, ctx, holds_weights=False):
+      layer.name = f'MTP{k + 1}_{layer.name}'
+      layers.append(layer)
+  return layers
+
+
 class _Sum:
   """Running masked sum in layer order (bit-identical to a Python loop)."""
 

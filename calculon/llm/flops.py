@@ -24,6 +24,9 @@ Per token and training step (forward, backward weight- and data-gradient:
 
 Only GEMM weights count: norms, biases and the router's h x E GEMM are left
 out, as Megatron-LM does (the router is < 0.1 % of a DeepSeek-V3 token).
+Multi-token prediction modules (``mtp_layers``) count as Megatron-LM counts
+them: each one block of the last block's kind, its 2h x h projection and
+one more pass through the logits.
 Inference (forward only) is one third.
 """
 
@@ -35,7 +38,8 @@ CONVENTIONS = ('full', 'causal')
 def gemm_weights_per_token(app: Application):
   """GEMM weights a token goes through in one forward pass (elements):
   every block's attention projections and (active) MLP, and the logits
-  layer h x V when the application has a vocabulary."""
+  layer h x V when the application has a vocabulary; with multi-token
+  prediction, each module's block, projection and logits pass."""
   h, q, a = app.hidden, app.query_width, app.attn_heads
   if app.is_mla:
     n = 1  # Megatron-LM counts the LoRA norms as one row here
@@ -54,7 +58,20 @@ def gemm_weights_per_token(app: Application):
     mlp += gamma * h * (app.top_k * app.moe_ffn_hidden + app.shared_ffn) * \
       app.num_moe_blocks
   logits = h * app.vocab_size if app.has_vocab else 0
-  return attn * app.num_blocks + mlp + logits
+  total = attn * app.num_blocks + mlp + logits
+  mtp = app.mtp_layers if app.has_vocab else 0
+  if mtp:
+    # Each multi-token prediction module: one block of the last block's
+    # kind, the 2h x h projection and one more pass through the logits
+    # (Megatron-LM num_floating_point_operations, megatron/training/
+    # training.py at d98e8a64dd: num_moe_layers += last_layer_is_moe x
+    # mtp_num_layers, "MTP eh proj" 2 h^2, logits x (mtp_num_layers + 1)).
+    last = app.num_blocks - 1
+    moe_last = app.is_moe and last >= app.first_dense_blocks and       last % app.moe_layer_freq == 0
+    block_mlp = gamma * h * ((app.top_k * app.moe_ffn_hidden + app.shared_ffn)
+                             if moe_last else app.feedforward)
+    total += mtp * (attn + block_mlp + 2 * h * h + logits)
+  return total
 
 
 def attention_core_flops_per_token(app: Application, convention='full'):
@@ -66,7 +83,8 @@ def attention_core_flops_per_token(app: Application, convention='full'):
     pv = app.attn_heads * app.v_head_dim
   else:
     qk = pv = app.query_width
-  full = 6 * app.seq_size * (qk + pv) * app.num_blocks
+  blocks = app.num_blocks + (app.mtp_layers if app.has_vocab else 0)
+  full = 6 * app.seq_size * (qk + pv) * blocks
   return full / 2 if convention == 'causal' else full
 
 

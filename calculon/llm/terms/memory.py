@@ -269,16 +269,19 @@ class MemoryTerms:
     (``activation_offload_scope`` 'te_marked', :meth:`_act_unmarked_for`).
     With ``activation_offload_layers`` 'fit' the stage keeps them all here
     (:meth:`_stage_kinds` then moves the blocks it offloads).  ``blocks``:
-    the stage's blocks where a layout gives them (the weights, their
-    gradients and the optimizer state of that many blocks), None: the
-    busiest stage's."""
+    the stage's blocks where a layout gives them or the loss's stage holds
+    multi-token prediction blocks (the weights, their gradients and the
+    optimizer state of that many blocks), None: the busiest stage's."""
     e = self.exe
     weights, grads, optim = self.weight_bytes, self.weight_grad_bytes, \
       self.optimizer_bytes
     host_weights = self._weight_host_bytes
     grad_blocks = self.blocks_per_proc
     if blocks is not None:
-      given = self.pipeline_layout.given
+      # A layout's ranks where it is given; every rank's count where the
+      # loss's rank also holds the multi-token prediction blocks.
+      lay = self.pipeline_layout
+      given = True if lay is None or self.mtp_blocks else lay.given
       with np.errstate(divide='ignore', invalid='ignore'):
         ratio = blocks / np.maximum(self.blocks_per_proc, 1)
       weights = np.where(given, weights * ratio, weights)
@@ -469,9 +472,16 @@ class MemoryTerms:
 
   @cached_property
   def _last_stage(self):
+    """The rank with the loss, which also holds the multi-token prediction
+    modules' blocks (:attr:`~calculon.llm.terms.vocab.VocabTerms.
+    mtp_blocks`) as blocks of its own: their weights, gradients, optimizer
+    state and activations as its other blocks keep them."""
+    blocks = self._layout_blocks('last')
+    if self.mtp_blocks:
+      blocks = (self.blocks_per_proc if blocks is None else blocks) + \
+        self.mtp_blocks
     return self._stage_kinds(self._last_stage_inflight_factor,
-                             self.vocab_memory_last,
-                             self._layout_blocks('last'))
+                             self.vocab_memory_last, blocks)
 
   @cached_property
   def _middle_stage(self):

@@ -27,7 +27,8 @@ from functools import cached_property
 
 import numpy as np
 
-from calculon.llm.block import BlockTotals, build_embedding, build_head
+from calculon.llm.block import (
+  BlockTotals, build_embedding, build_head, build_mtp)
 from calculon.llm.terms import schedules
 from calculon.llm.terms.base import Concern
 
@@ -51,13 +52,16 @@ class VocabTerms:
 
   @cached_property
   def head_layers(self):
-    """Layers of the LM head and loss (see :func:`build_head`).  With tied
-    embeddings and PP = 1 the head uses the embedding's weights; with PP > 1
-    the last stage keeps its own copy (Megatron-LM's embedding group)."""
+    """Layers of the LM head and loss (see :func:`build_head`), and those
+    of the multi-token prediction modules but their blocks (see
+    :func:`build_mtp`).  With tied embeddings and PP = 1 the head uses the
+    embedding's weights; with PP > 1 the last stage keeps its own copy
+    (Megatron-LM's embedding group)."""
     holds = True
     if self.app.tied_embeddings:
       holds = self.pp > 1
-    return build_head(self.app, self.exe, self.ctx, holds)
+    return build_head(self.app, self.exe, self.ctx, holds) + \
+      build_mtp(self.app, self.exe, self.ctx, self.pp > 1)
 
   @cached_property
   def embed(self):
@@ -70,6 +74,19 @@ class VocabTerms:
     """Per-microbatch totals of the LM head and loss."""
     with np.errstate(divide='ignore', invalid='ignore'):
       return BlockTotals(self.head_layers, self.training, False)
+
+  @cached_property
+  def mtp_blocks(self):
+    """Transformer blocks of the multi-token prediction modules on the last
+    stage (``mtp_layers``, 0 without a vocabulary): one per module, of the
+    decoder's own kind (Megatron-Core builds each module's layer from the
+    decoder's layer spec, multi_token_prediction.py get_mtp_layer_spec;
+    DeepSeek-V3's is an MoE block), priced as the busiest stage's average
+    block (``block``: the MoE block wherever that stage holds only MoE
+    blocks)."""
+    if not self.app.has_vocab:
+      return 0
+    return int(self.app.mtp_layers)
 
   # -- time -------------------------------------------------------------------
   def _stage_time_s(self, t):
@@ -119,9 +136,16 @@ class VocabTerms:
     max(E - d1 b, 0) and max(H - d2 b, 0), a lighter end stage adding
     nothing; on one rank (the V schedules) the two ends add max(E + H -
     d1 b, 0) each microbatch.
+
+    Multi-token prediction (``mtp_layers`` D) runs on the loss's stage
+    (Megatron-Core without a layout places every module on the last
+    pipeline stage, multi_token_prediction.py mtp_on_this_rank): H holds
+    the modules' head passes, projections and embeddings (the head's
+    layers) and their D blocks, D b.
     """
     block_s = 0.0
-    if np.any(self.vocab_in_split) or self.pipeline_layout is not None:
+    if np.any(self.vocab_in_split) or self.pipeline_layout is not None or \
+        self.mtp_blocks:
       # The end stages run E and H in place of one block each.
       block_s = self.baseblock_fw_time_no_offload_s + np.where(
         self.training, self.baseblock_bw_time_no_offload_s, 0)
@@ -136,7 +160,9 @@ class VocabTerms:
     L + 2), the blocks' S x nmb x b plus this term grow with b (the term
     falls by at most (nmb + 1) b), so the sum stays a lower bound."""
     e = self._stage_time_s(self.embed)
-    h = self._stage_time_s(self.head)
+    # The multi-token prediction modules' blocks run on the loss's stage.
+    mtp_s = self.mtp_blocks * block_s
+    h = self._stage_time_s(self.head) + mtp_s
     if np.any(self.vocab_in_split):
       b = np.where(self.vocab_in_split, block_s, 0)
       e, h = e - b, h - b
@@ -148,7 +174,7 @@ class VocabTerms:
     lay = self.pipeline_layout
     if lay is not None:
       e0 = self._stage_time_s(self.embed)
-      h0 = self._stage_time_s(self.head)
+      h0 = self._stage_time_s(self.head) + mtp_s
       d1 = (self.blocks_per_proc - lay.first_blocks) * block_s
       d2 = (self.blocks_per_proc - lay.last_blocks) * block_s
       e1, h1 = np.maximum(e0 - d1, 0), np.maximum(h0 - d2, 0)
@@ -183,7 +209,8 @@ class VocabTerms:
   def vocab_optim_time_s(self):
     """Optimizer step of the embedding and LM head weights (the slower of
     the first and last stage; both with PP = 1)."""
-    e, h = self.embed.optim_time, self.head.optim_time
+    e = self.embed.optim_time
+    h = self.head.optim_time + self.mtp_blocks * self.block.optim_time
     apart = self.pp > 1
     if self._ends_on_one_rank is not None:
       apart = apart & ~self._ends_on_one_rank
@@ -249,7 +276,10 @@ class VocabTerms:
 
   @cached_property
   def vocab_memory_last(self):
-    """Tier-1 bytes by kind of the LM head on the last stage."""
+    """Tier-1 bytes by kind of the LM head on the last stage (with the
+    multi-token prediction modules' layers but their blocks, which the
+    stage holds as its own: see
+    :attr:`~calculon.llm.terms.memory.MemoryTerms._last_stage`)."""
     if not self.app.has_vocab:
       return _NO_VOCAB_MEMORY
     return self._vocab_memory(self.head, self.head_activation_bytes)
