@@ -280,6 +280,13 @@ class Application:
     first = min(self.first_dense_blocks, self.num_blocks)
     return -(-self.num_blocks // k) - -(-first // k)
 
+  def block_is_moe(self, i):
+    """Whether block ``i`` (from 0) has a MoE MLP: after
+    ``first_dense_blocks``, when i % ``moe_layer_freq`` == 0 (the rule
+    :attr:`num_moe_blocks` counts)."""
+    return self.is_moe and i >= self.first_dense_blocks and \
+      i % self.moe_layer_freq == 0
+
   @property
   def num_dense_blocks(self):
     return self.num_blocks - self.num_moe_blocks

@@ -87,7 +87,7 @@ def refuse_mtp(inp, target):
   """The ConfigError of an application with multi-token prediction
   modules (``mtp_layers`` > 0) for a target that trains none; None when
   there are none."""
-  depth = int(getattr(inp.app, 'mtp_layers', 0) or 0)
+  depth = inp.app.mtp_layers
   if not depth:
     return None
   why = 'it trains no multi-token prediction module'

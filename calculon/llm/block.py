@@ -530,6 +530,15 @@ def build_embedding(app, exe, ctx):
   return layers
 
 
+def _hold_weights(layer, held):
+  """Keeps ``layer``'s weights, their gradients and optimizer state only
+  where ``held`` (a flag or a bool array): elsewhere another layer holds
+  the shared table."""
+  if held is not True:
+    for attr in ('weights', 'weight_grads', 'optim'):
+      setattr(layer, attr, where(held, getattr(layer, attr), 0))
+
+
 def build_head(app, exe, ctx, holds_weights=True):
   """Layers of the LM head and loss on the last pipeline stage (empty
   without a vocabulary): final norm, f (identity, or all-gather with
@@ -550,9 +559,7 @@ def build_head(app, exe, ctx, holds_weights=True):
   head = Linear('Head_Logits', ctx, shape.batch_seq, app.hidden, vocab_local,
                 narrow=False)
   _feeds(head_f, head)
-  if holds_weights is not True:
-    for attr in ('weights', 'weight_grads', 'optim'):
-      setattr(head, attr, where(holds_weights, getattr(head, attr), 0))
+  _hold_weights(head, holds_weights)
   head.core = False
   layers.append(head)
   kernel = np.asarray(exe.cross_entropy_kernel)
@@ -570,9 +577,10 @@ def build_head(app, exe, ctx, holds_weights=True):
 
 def build_mtp(app, exe, ctx, holds_embedding):
   """Layers of the multi-token prediction modules beside the LM head on the
-  last pipeline stage (empty without ``app.mtp_layers`` or a vocabulary),
+  last pipeline stage (empty without ``app.mtp_layers``, which needs a
+  vocabulary),
   all but their transformer blocks (priced as blocks,
-  :attr:`~calculon.llm.terms.vocab.VocabTerms.mtp_block_s`).  Per module k
+  :attr:`~calculon.llm.terms.vocab.VocabTerms.mtp_blocks`).  Per module k
   (DeepSeek-AI 2024, DeepSeek-V3 technical report, arXiv:2412.19437,
   section 2.2, eq. 21-23; Megatron-Core
   megatron/core/transformer/multi_token_prediction.py at d98e8a64dd,
@@ -585,8 +593,8 @@ def build_mtp(app, exe, ctx, holds_embedding):
   column-parallel over TP (``eh_proj``, ``gather_output=False``), and the
   module's pass through the shared output head and its loss (the head's
   weights belong to the main head: ``holds_weights=False``)."""
-  depth = int(getattr(app, 'mtp_layers', 0) or 0)
-  if not app.has_vocab or depth == 0:
+  depth = app.mtp_layers
+  if depth == 0:
     return []
   shape = Shape(app, exe, ctx)
   tp = ctx.tp
@@ -595,12 +603,9 @@ def build_mtp(app, exe, ctx, holds_embedding):
   layers = []
   add = _adder(ctx, layers)
   for k in range(depth):
-    held = holds_embedding if k == 0 else False
     emb = add(EmbeddingLookup, f'MTP{k + 1}_Embedding', shape.act, table, 0,
               activation_stored=False)
-    if held is not True:
-      for attr in ('weights', 'weight_grads', 'optim'):
-        setattr(emb, attr, where(held, getattr(emb, attr), 0))
+    _hold_weights(emb, holds_embedding if k == 0 else False)
     add(TPComm, f'MTP{k + 1}_Embedding_G', shape.act, True,
         activation_stored=False, present=tp > 1)
     add(norm_cls, f'MTP{k + 1}_ENorm', shape.act_in, app.hidden)

@@ -59,17 +59,16 @@ def gemm_weights_per_token(app: Application):
       app.num_moe_blocks
   logits = h * app.vocab_size if app.has_vocab else 0
   total = attn * app.num_blocks + mlp + logits
-  mtp = app.mtp_layers if app.has_vocab else 0
+  mtp = app.mtp_layers
   if mtp:
     # Each multi-token prediction module: one block of the last block's
     # kind, the 2h x h projection and one more pass through the logits
     # (Megatron-LM num_floating_point_operations, megatron/training/
     # training.py at d98e8a64dd: num_moe_layers += last_layer_is_moe x
     # mtp_num_layers, "MTP eh proj" 2 h^2, logits x (mtp_num_layers + 1)).
-    last = app.num_blocks - 1
-    moe_last = app.is_moe and last >= app.first_dense_blocks and       last % app.moe_layer_freq == 0
-    block_mlp = gamma * h * ((app.top_k * app.moe_ffn_hidden + app.shared_ffn)
-                             if moe_last else app.feedforward)
+    block_mlp = gamma * h * (
+      (app.top_k * app.moe_ffn_hidden + app.shared_ffn)
+      if app.block_is_moe(app.num_blocks - 1) else app.feedforward)
     total += mtp * (attn + block_mlp + 2 * h * h + logits)
   return total
 
@@ -83,7 +82,7 @@ def attention_core_flops_per_token(app: Application, convention='full'):
     pv = app.attn_heads * app.v_head_dim
   else:
     qk = pv = app.query_width
-  blocks = app.num_blocks + (app.mtp_layers if app.has_vocab else 0)
+  blocks = app.num_blocks + app.mtp_layers
   full = 6 * app.seq_size * (qk + pv) * blocks
   return full / 2 if convention == 'causal' else full
 

@@ -78,15 +78,13 @@ class VocabTerms:
   @cached_property
   def mtp_blocks(self):
     """Transformer blocks of the multi-token prediction modules on the last
-    stage (``mtp_layers``, 0 without a vocabulary): one per module, of the
+    stage (``mtp_layers``): one per module, of the
     decoder's own kind (Megatron-Core builds each module's layer from the
     decoder's layer spec, multi_token_prediction.py get_mtp_layer_spec;
     DeepSeek-V3's is an MoE block), priced as the busiest stage's average
     block (``block``: the MoE block wherever that stage holds only MoE
     blocks)."""
-    if not self.app.has_vocab:
-      return 0
-    return int(self.app.mtp_layers)
+    return self.app.mtp_layers
 
   # -- time -------------------------------------------------------------------
   def _stage_time_s(self, t):
@@ -146,7 +144,8 @@ class VocabTerms:
     block_s = 0.0
     if np.any(self.vocab_in_split) or self.pipeline_layout is not None or \
         self.mtp_blocks:
-      # The end stages run E and H in place of one block each.
+      # The end stages run E and H in place of one block each; the loss's
+      # stage runs the multi-token prediction blocks too.
       block_s = self.baseblock_fw_time_no_offload_s + np.where(
         self.training, self.baseblock_bw_time_no_offload_s, 0)
     return self.vocab_time_for_s(block_s)
