@@ -377,6 +377,10 @@ def text_report(data, layers=True):
   lines.append(f"  {'needed':<26} {_b(needed):>12}"
                f"  {_b(data.stats['proc_mem_tier2_cap_req']):>12}")
   lines.append(f"  {'usable':<26} {_b(usable):>12}  {_b(cap2):>12}")
+  ub = data.stats.get('tp_overlap_buffer_space') or 0
+  if ub:
+    lines.append(f"  {'(TP overlap buffers)':<26} {_b(ub):>12}  {'':>12}"
+                 '  outside the allocator, not usable')
   lines.append(f"  {'capacity':<26} {_b(cap1):>12}  {_b(cap2):>12}")
   lines += ['', 'Bandwidth needed (to hide the transfer) vs available']
   for label, need, have in data.bandwidth():

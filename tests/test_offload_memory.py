@@ -296,6 +296,45 @@ def test_an_execution_at_the_edge_of_memory_is_refused():
   assert 'headroom' in ev.reason_message((0,))
 
 
+def test_te_userbuffers_hold_twelve_layer_inputs_outside_the_allocator():
+  """Transformer Engine's TP overlap registers 12 buffers of the layer
+  input's shape (sequence x microbatch / CP, hidden), 8 all-gather ones in
+  FP8 under an FP8 recipe and 4 reduce-scatter ones in bfloat16
+  (transformer_engine/pytorch/module/base.py initialize_ub at d0067d0da;
+  Megatron-LM megatron/training/initialize.py at d98e8a64dd): Llama 3 70B
+  at 8,192 tokens, microbatch 1, TP 4 in FP8 holds 8192 x 8192 x (8 + 8)
+  bytes = 1 GiB outside the allocator, 1.5 GiB in bfloat16 (24 bytes an
+  element), half with CP 2, 2 GiB at microbatch 2; none without the
+  overlap, under torchtitan's async TP (PyTorch's own buffers) or
+  Calculon's preset."""
+  kw = dict(tensor_par=4, data_par=16, tensor_par_comm_type='rs_ag',
+            seq_par_ag_redo=True, data_par_sharding='optimizer',
+            precision_recipe='transformer_engine')
+  base = _ev('llama3-70B', 'h100_sxm_80g', **kw)
+  ring = _ev('llama3-70B', 'h100_sxm_80g', tensor_par_overlap='ring', **kw)
+  assert _at(base.tp_overlap_buffer_bytes) == 0
+  assert _at(ring.tp_overlap_buffer_bytes) == GIB
+  assert _at(base.mem1_usable_bytes) - _at(ring.mem1_usable_bytes) == \
+    pytest.approx(GIB)
+  bf16 = dict(kw, datatype='bfloat16')
+  bf16.pop('precision_recipe')
+  assert _at(_ev('llama3-70B', 'h100_sxm_80g', tensor_par_overlap='ring',
+                 **bf16).tp_overlap_buffer_bytes) == 1.5 * GIB
+  cp = dict(kw, data_par=8, context_par=2)
+  assert _at(_ev('llama3-70B', 'h100_sxm_80g', tensor_par_overlap='pipe',
+                 **cp).tp_overlap_buffer_bytes) == GIB / 2
+  assert _at(_ev('llama3-70B', 'h100_sxm_80g', tensor_par_overlap='ring',
+                 microbatch_size=2, **kw).tp_overlap_buffer_bytes) == 2 * GIB
+  titan = dict(kw, framework='torchtitan', data_par_sharding='parameters')
+  titan.pop('precision_recipe')
+  assert _at(_ev('llama3-70B', 'h100_sxm_80g', tensor_par_overlap='ring',
+                 **titan).tp_overlap_buffer_bytes) == 0
+  calc = dict(kw, framework='calculon', datatype='bfloat16')
+  calc.pop('precision_recipe')
+  assert _at(_ev('llama3-70B', 'h100_sxm_80g', tensor_par_overlap='ring',
+                 **calc).tp_overlap_buffer_bytes) == 0
+
+
 # -- the searches ----------------------------------------------------------------
 
 @pytest.mark.parametrize('name', MODERN)

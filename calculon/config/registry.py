@@ -70,6 +70,9 @@ ACTIVATION_OFFLOAD_LAYERS_NAMES = ('all', 'fit')
 #: What of an offloaded block's stored activations crosses to memory tier 2
 #: (``activation_offload_scope``).
 ACTIVATION_OFFLOAD_SCOPE_NAMES = ('block', 'te_marked')
+#: Communication buffers a TP-overlapped run allocates outside the
+#: framework's allocator (``tp_overlap_buffers``).
+TP_OVERLAP_BUFFER_NAMES = ('none', 'te_userbuffers')
 #: ``cuda_graphs``: which CUDA graphs a run replays instead of launching
 #: its kernels one by one.
 CUDA_GRAPH_NAMES = ('none', 'layers', 'full_iteration')
@@ -726,6 +729,27 @@ EXECUTION = (
        'module/linear.py, layernorm_linear.py, layernorm_mlp.py and '
        'attention/dot_product_attention/backends.py outside context '
        'parallelism); v2.10 (c52576053) offloads every saved tensor'),
+  _beh('tp_overlap_buffers', _choice(TP_OVERLAP_BUFFER_NAMES), 'memory',
+       "with a tiled TP overlap (tensor_par_overlap 'ring' or 'pipe', TP > "
+       "1): 'te_userbuffers': Transformer Engine's userbuffers, one "
+       'communication buffer per overlapped GEMM of a transformer layer, '
+       'each of the layer input\'s shape (sequence x microbatch / CP, '
+       'hidden): the 8 all-gather buffers (qkv, proj, fc1, fc2 forward or '
+       'gradient GEMMs) in the narrow datatype where the all-gather carries '
+       'it (tensor_par_narrow_all_gather), else 16-bit, the 4 '
+       'reduce-scatter buffers 16-bit; registered with cuMemCreate or '
+       "cudaMalloc, outside PyTorch's allocator",
+       names=TP_OVERLAP_BUFFER_NAMES, absent='none',
+       absent_doc="'none': the overlap holds no memory beyond the tensors "
+       '(Calculon)',
+       source='Transformer Engine transformer_engine/pytorch/module/base.py '
+       'initialize_ub (layers_all_gather_overlap, '
+       'layers_reduce_scatter_overlap, fp8_buf; one add_ub per GEMM name) '
+       'and common/comm_gemm_overlap/comm_gemm_overlap.cpp CommOverlapBase:'
+       ':initialize, CommOverlapP2PBase::initialize at d0067d0da; '
+       'Megatron-LM megatron/training/initialize.py '
+       '_initialize_tp_communicators (shape [seq_length x micro_batch_size '
+       '/ context_parallel_size, hidden_size]) at d98e8a64dd'),
   _ex('cuda_graphs', _choice(CUDA_GRAPH_NAMES), 'kernels',
        "CUDA graphs the run replays: 'layers': per-layer graphs of some "
        'modules (Megatron-Core cuda_graph_impl transformer_engine or local, '

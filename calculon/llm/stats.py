@@ -133,6 +133,7 @@ MODERN_STATS = (
   _S('moe_host_time', 'moe_host_time_s', 's', "time the MoE blocks wait for the host beyond their GPU work (overhead per_moe_block_s), whole batch"),
   _S('host_optimizer_time', 'host_optimizer_time_s', 's', "what the optimizer step on the host adds beyond the device step (the optimizer state offloaded and stepped on the host)"),
   _S('proc_mem_tier1_usable', 'mem1_usable_bytes', 'B', 'memory tier 1 a run may fill per processor (capacity less the memory_reserve headroom and runtime)'),
+  _S('tp_overlap_buffer_space', 'tp_overlap_buffer_bytes', 'B', "communication buffers of the tiled TP overlap outside the allocator (Transformer Engine userbuffers), per processor; part of what proc_mem_tier1_usable leaves out"),
   _S('first_stage_mem_tier1_cap_req', 'first_stage_mem1_bytes', 'B', 'memory tier 1 needed by a first-stage processor'),
   _S('last_stage_mem_tier1_cap_req', 'last_stage_mem1_bytes', 'B', 'memory tier 1 needed by a last-stage processor'),
 )

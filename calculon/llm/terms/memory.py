@@ -35,9 +35,10 @@ from functools import cached_property
 
 import numpy as np
 
+from calculon.config.execution import TP_OVERLAP_NONE
 from calculon.config.registry import (
   ACTIVATION_OFFLOAD_LAYERS_NAMES, ACTIVATION_OFFLOAD_SCOPE_NAMES,
-  OPTIMIZER_OFFLOAD_GRADIENTS_NAMES)
+  OPTIMIZER_OFFLOAD_GRADIENTS_NAMES, TP_OVERLAP_BUFFER_NAMES)
 from calculon.llm.terms import schedules
 
 _ACT_OFFLOAD_FIT = ACTIVATION_OFFLOAD_LAYERS_NAMES.index('fit')
@@ -47,6 +48,15 @@ _NO_VOCAB = {k: 0.0 for k in (
   'weights', 'activations', 'weight_gradients', 'optimizer',
   'activation_gradients')}
 _ACT_SCOPE_TE = ACTIVATION_OFFLOAD_SCOPE_NAMES.index('te_marked')
+_TE_USERBUFFERS = TP_OVERLAP_BUFFER_NAMES.index('te_userbuffers')
+#: Transformer Engine's userbuffers per overlapped run: one buffer per GEMM
+#: name of a transformer layer, by the collective it overlaps
+#: (transformer_engine/pytorch/module/base.py initialize_ub at d0067d0da:
+#: layers_all_gather_overlap qkv_fprop, qkv_dgrad, proj_dgrad, proj_wgrad,
+#: fc1_fprop, fc1_dgrad, fc2_dgrad, fc2_wgrad; layers_reduce_scatter_overlap
+#: proj_fprop, fc2_fprop, qkv_wgrad, fc1_wgrad).
+TE_UB_ALL_GATHER_BUFFERS = 8
+TE_UB_REDUCE_SCATTER_BUFFERS = 4
 
 
 class MemoryTerms:
@@ -626,25 +636,67 @@ class MemoryTerms:
     return n
 
   @cached_property
+  def tp_overlap_buffer_bytes(self):
+    """Bytes per processor of the communication buffers a tiled TP
+    overlap registers outside the framework's allocator
+    (``tp_overlap_buffers`` 'te_userbuffers', with ``tensor_par_overlap``
+    'ring' or 'pipe' and TP > 1; else 0).
+
+    Transformer Engine's ``initialize_ub`` (transformer_engine/pytorch/
+    module/base.py at d0067d0da) creates one buffer per GEMM name of a
+    transformer layer, each of the ``shape`` Megatron passes, ``[seq_length
+    x micro_batch_size / context_parallel_size, hidden_size]`` (Megatron-LM
+    megatron/training/initialize.py ``_initialize_tp_communicators`` at
+    d98e8a64dd): :data:`TE_UB_ALL_GATHER_BUFFERS` all-gather buffers, one
+    byte per element where the run gathers the FP8 cast input (``fp8_buf``
+    under the FP8 quantization mode: ``tensor_par_narrow_all_gather`` with
+    an 8-bit linear datatype), else 16-bit, and
+    :data:`TE_UB_REDUCE_SCATTER_BUFFERS` reduce-scatter buffers in the
+    16-bit datatype.  The default configuration's ring-exchange overlaps
+    are all all-gathers, whose buffers are the shape itself
+    (common/comm_gemm_overlap/comm_gemm_overlap.cpp
+    ``CommOverlapP2PBase::initialize``: a ring-exchange reduce-scatter
+    would hold 2 TP - 1 chunks, which only a per-model configuration
+    sets).  Registered with ``cuMemCreate`` or ``cudaMalloc``
+    (userbuffers/userbuffers-host.cpp ``register_user_buffer_collective``),
+    so outside PyTorch's caching allocator and its fragmentation.  E.g.
+    sequence 8192, microbatch 1, hidden 8192, FP8 with narrow gathers: 8192
+    x 8192 x (8 x 1 + 4 x 2) bytes = 1 GiB."""
+    on = (self.exe.tp_overlap_buffers == _TE_USERBUFFERS) & (self.tp > 1) & \
+      (self.exe.tensor_par_overlap != TP_OVERLAP_NONE)
+    if not np.any(on):
+      return 0.0
+    ctx = self.ctx
+    wide = ctx.io_bytes
+    gather = np.where(ctx.tp_gather_bytes == 1, 1.0, wide)
+    rows = self.app.seq_size * self.exe.microbatch_size / self.cp
+    per_row = self.app.hidden * (TE_UB_ALL_GATHER_BUFFERS * gather +
+                                 TE_UB_REDUCE_SCATTER_BUFFERS * wide)
+    return np.where(on, rows * per_row, 0.0)
+
+  @cached_property
   def mem1_runtime_bytes(self):
     """Memory tier 1 a run holds outside the framework's allocator: the
     CUDA context with the kernels it loads and NCCL's buffers per
-    communicator (``memory_reserve``); 0 without it."""
+    communicator (``memory_reserve``; none without it), and the TP
+    overlap's registered buffers (:attr:`tp_overlap_buffer_bytes`)."""
     r = self.system.memory_reserve
+    ub = self.tp_overlap_buffer_bytes
     if r is None:
-      return 0.0
-    return r.context_bytes + r.nccl_bytes_per_group * self.nccl_groups
+      return ub
+    return r.context_bytes + r.nccl_bytes_per_group * self.nccl_groups + ub
 
   @cached_property
   def mem1_usable_bytes(self):
     """What the allocator may fill: memory tier 1's capacity less the
     headroom a run leaves (``memory_reserve.headroom``) and what it holds
-    outside the allocator (:attr:`mem1_runtime_bytes`); the capacity
-    without ``memory_reserve`` (Calculon)."""
+    outside the allocator (:attr:`mem1_runtime_bytes`); without
+    ``memory_reserve``, the capacity less the TP overlap's buffers (the
+    whole capacity for Calculon's executions)."""
     cap = self.system.mem1.capacity_bytes
     r = self.system.memory_reserve
     if r is None:
-      return cap
+      return cap - self.mem1_runtime_bytes
     return cap * (1.0 - r.headroom) - self.mem1_runtime_bytes
 
   @cached_property
