@@ -99,6 +99,38 @@ def test_cli_report_directory(tmp_path):
   assert layers['parameters'].sum() == pytest.approx(block / 4, rel=1e-3)
 
 
+def test_cli_report_shows_the_tp_overlap_buffers(tmp_path):
+  """Llama 3 70B at TP 4 with Transformer Engine's ring overlap in FP8
+  holds 8192 x 8192 x 16 bytes = 1 GiB of userbuffers outside the
+  allocator (transformer_engine/pytorch/module/base.py initialize_ub): the
+  report shows it under "usable", the stats file has it; Calculon's run
+  has no such line."""
+  exe = dict(num_procs=64, tensor_par=4, pipeline_par=4, data_par=4,
+             tensor_par_net=0, pipeline_par_net=1, data_par_net=1,
+             batch_size=64, microbatch_size=1, datatype='float8',
+             precision_recipe='transformer_engine', fused_activation=True,
+             activation_recompute='none', pipeline_interleaving=1,
+             optimizer_sharding=True, data_par_sharding='optimizer',
+             tensor_par_comm_type='rs_ag', tensor_par_overlap='ring',
+             seq_par_ag_redo=True, data_par_overlap=True,
+             weight_offload=False, activations_offload=False,
+             optimizer_offload=False, training=True,
+             framework='megatron-core')
+  path = tmp_path / 'exe.json'
+  path.write_text(json.dumps(exe))
+  stats = tmp_path / 'stats.json'
+  app, system = repo('models', 'llama3-70B.json'), \
+    repo('systems', 'h100_sxm_80g.json')
+  res = run_cli('llm', app, path, system, '-')
+  assert res.returncode == 0, res.stderr
+  line = [ln for ln in res.stdout.splitlines() if 'TP overlap buffers' in ln]
+  assert len(line) == 1 and '1.000 GiB' in line[0], res.stdout
+  assert run_cli('llm', app, path, system, stats).returncode == 0
+  assert load_json(stats)['tp_overlap_buffer_space'] == 2 ** 30
+  assert 'TP overlap buffers' not in text_report(
+    RunData.from_model(run_model()))
+
+
 @pytest.fixture(scope='module')
 def all_executions(tmp_path_factory):
   out = tmp_path_factory.mktemp('lae') / 'all.parquet'
