@@ -12,10 +12,11 @@ go to tier 2 with ``activation_offload_layers`` 'fit'
 (``act_offload_blocks``), the tier totals (``first_stage_mem1_bytes``,
 ``last_stage_mem1_bytes``, ``mem1_tensor_bytes``, ``mem1_bytes``,
 ``mem2_bytes``), and what a run holds beyond its tensors: the caching
-allocator's fragmentation (in ``mem1_bytes``), the CUDA context and NCCL's
-buffers outside the allocator (``nccl_groups``, ``mem1_runtime_bytes``)
+allocator's fragmentation (in ``mem1_bytes``), the CUDA context, NCCL's
+buffers and the TP overlap's registered buffers outside the allocator
+(``nccl_groups``, ``tp_overlap_buffer_bytes``, ``mem1_runtime_bytes``)
 and the capacity a run may fill (``mem1_usable_bytes``), from the system's
-``memory_reserve``.
+``memory_reserve`` and the behaviour ``tp_overlap_buffers``.
 
 Reads: the schedule table (:mod:`~calculon.llm.terms.schedules`: the
 microbatches in flight and the parameter copies of the schedules other
@@ -27,8 +28,8 @@ than Calculon's; ``pipeline_schedule``,
 ``blocks_per_proc``, ``num_microbatches``
 (:mod:`~calculon.llm.terms.schedule`); ``vocab_memory_first``,
 ``vocab_memory_last`` (:mod:`~calculon.llm.terms.vocab`); ``_host_step``
-(:mod:`~calculon.llm.terms.offload`); ``tp``, ``cp``, ``ep``
-(:mod:`~calculon.llm.terms.base`).
+(:mod:`~calculon.llm.terms.offload`); ``tp``, ``cp``, ``ep``, ``ctx``
+(``io_bytes``, ``tp_gather_bytes``) (:mod:`~calculon.llm.terms.base`).
 """
 
 from functools import cached_property
