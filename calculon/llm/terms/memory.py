@@ -682,10 +682,9 @@ class MemoryTerms:
     communicator (``memory_reserve``; none without it), and the TP
     overlap's registered buffers (:attr:`tp_overlap_buffer_bytes`)."""
     r = self.system.memory_reserve
-    ub = self.tp_overlap_buffer_bytes
-    if r is None:
-      return ub
-    return r.context_bytes + r.nccl_bytes_per_group * self.nccl_groups + ub
+    reserve = 0.0 if r is None else \
+      r.context_bytes + r.nccl_bytes_per_group * self.nccl_groups
+    return reserve + self.tp_overlap_buffer_bytes
 
   @cached_property
   def mem1_usable_bytes(self):
