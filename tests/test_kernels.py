@@ -225,7 +225,8 @@ def test_report_names_measured_terms():
                 repo('systems', 'gb200_nvl72_measured.json'), '-')
   text = res.stdout + res.stderr
   assert res.returncode == 0, text
-  assert 'Measured kernels: GEMM (bfloat16, fp8, nvfp4); attention ' \
+  assert 'Measured kernels: GEMM (bfloat16, fp8, nvfp4; MXFP8 as fp8 x ' \
+    '1.051); attention ' \
     'forward (backward x 2.86); NCCL on tier 0' in text
   assert 'from aiconfigurator-core 0.12.0 gb200 (trtllm 1.3.0rc20)' in text
 
@@ -269,3 +270,74 @@ def test_measured_fp8_gemm_less_its_input_cast():
   # Never below the GEMM's compute at the datasheet peak.
   tiny = measured_gemm_time_s(system, fp8, (16, 16, 16, 1), 'fw')
   assert tiny >= 2.0 * 16 ** 3 / system.matrix.peak_flops(fp8)
+
+
+#: Transformer Engine's GEMM benchmark on a B300 (NVIDIA/TransformerEngine
+#: docs/examples/gemm_profiling/gemm_profiling.rst at d0067d0da, "Autocast
+#: vs Pre-quantized"): per-layer ms of the 12 GEMMs of a layer of hidden
+#: 4,096 and feedforward 16,384 at 15,872 tokens, operands pre-quantized
+#: (the kernels alone).
+TE_B300_LAYER_MS = {'bfloat16': 13.102, 'fp8_current': 6.812,
+                    'mxfp8': 7.161, 'nvfp4': 3.764}
+
+
+def _te_layer_ms(system, code, block_scaled=False):
+  """The 12 GEMMs of TE's benchmark layer from ``system``'s tables (ms):
+  query/key/value 4,096 -> 12,288, attention output 4,096 -> 4,096, MLP
+  up 4,096 -> 16,384, down 16,384 -> 4,096, each forward, activation
+  gradient and weight gradient, 15,872 tokens."""
+  layers = ((4096, 12288), (4096, 4096), (4096, 16384), (16384, 4096))
+  return 1e3 * sum(float(measured_gemm_time_s(
+    system, code, (15872, n_in, n_out, 1), stage,
+    block_scaled=block_scaled))
+    for n_in, n_out in layers for stage in ('fw', 'agrad', 'wgrad'))
+
+
+def test_mxfp8_gemms_at_the_fp8_table_times_the_measured_ratio():
+  """MXFP8 GEMMs are the per-tensor fp8 table's x 7.161 / 6.812 = 1.051
+  (TE's B300 kernels, pre-quantized); every Blackwell file carries the
+  ratio (measured and calibrated), Hopper's and Ampere's do not (their
+  block-scaled FP8 is another kernel)."""
+  from calculon.kernels.tables import MXFP8_GEMM_RATIO
+  assert MXFP8_GEMM_RATIO == pytest.approx(
+    TE_B300_LAYER_MS['mxfp8'] / TE_B300_LAYER_MS['fp8_current'], abs=1e-4)
+  for name in ('b200', 'b300', 'gb200_nvl72', 'gb300_nvl72'):
+    for suffix in ('_measured', ''):
+      cfg = read_json_file(repo('systems', f'{name}{suffix}.json'))
+      assert cfg['measured']['block_scaled_gemm_ratio'] == MXFP8_GEMM_RATIO
+  for name in ('a100_sxm_80g', 'h100_sxm_80g', 'h200_141g'):
+    for suffix in ('_measured', ''):
+      cfg = read_json_file(repo('systems', f'{name}{suffix}.json'))
+      assert 'block_scaled_gemm_ratio' not in cfg['measured']
+  system = System(read_json_file(repo('systems', 'b300_measured.json')))
+  fp8 = DATATYPE_NAMES.index('float8')
+  gemm = (15872, 4096, 12288, 1)
+  per_tensor = measured_gemm_time_s(system, fp8, gemm, 'agrad')
+  both = measured_gemm_time_s(system, fp8, gemm, 'agrad',
+                              block_scaled=np.array([False, True]))
+  assert both == pytest.approx([per_tensor, per_tensor * MXFP8_GEMM_RATIO],
+                               rel=1e-9)
+  # Only the 8-bit table: NVFP4 and bfloat16 are their own tables.
+  for code in (BF16, DATATYPE_NAMES.index('float4')):
+    assert measured_gemm_time_s(system, code, gemm, 'fw', block_scaled=True) \
+      == measured_gemm_time_s(system, code, gemm, 'fw')
+
+
+def test_b300_tables_against_transformer_engines_kernels():
+  """The B300 tables (TensorRT-LLM 1.3.0rc20's inference Linear, less its
+  input cast) against Transformer Engine's own kernels at the same 12
+  shapes: FP8 6.66 ms against 6.81 (-2 %), MXFP8 7.00 against 7.16
+  (-2 %), NVFP4 4.00 against 3.76 (+6 %), bfloat16 11.83 against 13.10
+  (-10 %: the tables' bfloat16 GEMM is faster than TE's cuBLAS one at
+  these shapes; docs/accuracy.md, "Measured kernel files")."""
+  system = System(read_json_file(repo('systems', 'b300_measured.json')))
+  fp8 = DATATYPE_NAMES.index('float8')
+  got = {'bfloat16': _te_layer_ms(system, BF16),
+         'fp8_current': _te_layer_ms(system, fp8),
+         'mxfp8': _te_layer_ms(system, fp8, block_scaled=True),
+         'nvfp4': _te_layer_ms(system, DATATYPE_NAMES.index('float4'))}
+  rel = {k: got[k] / TE_B300_LAYER_MS[k] - 1 for k in got}
+  assert rel['fp8_current'] == pytest.approx(-0.022, abs=0.01)
+  assert rel['mxfp8'] == pytest.approx(-0.022, abs=0.01)
+  assert rel['nvfp4'] == pytest.approx(0.064, abs=0.01)
+  assert rel['bfloat16'] == pytest.approx(-0.097, abs=0.01)

@@ -149,3 +149,28 @@ def test_options_of_the_other_profile_are_refused(tmp_path):
   assert res.returncode == 2
   assert '--procs: not an option of --measure-kernels' in res.stderr
   assert not (tmp_path / 'x.json').exists()
+
+
+def test_blackwell_gpus_get_the_mxfp8_ratio():
+  """A Blackwell GPU (compute capability 10: B200, B300, GB200, GB300; 12:
+  RTX Blackwell) runs MXFP8, which the profile's per-tensor fp8 table does
+  not time: its section carries Transformer Engine's measured 1.051;
+  Hopper (9.0) and the CPU do not."""
+  from calculon.kernels.tables import MXFP8_GEMM_RATIO
+  from calculon.profile.measure_kernels import block_scaled_ratio
+
+  class Cuda:
+    def __init__(self, cap):
+      self.cap = cap
+
+    def get_device_capability(self, index):
+      return self.cap
+
+  class Torch:
+    def __init__(self, cap):
+      self.cuda = Cuda(cap)
+
+  assert block_scaled_ratio(Torch((10, 0)), 'cuda') == MXFP8_GEMM_RATIO
+  assert block_scaled_ratio(Torch((10, 3)), 'cuda') == MXFP8_GEMM_RATIO
+  assert block_scaled_ratio(Torch((9, 0)), 'cuda') is None
+  assert block_scaled_ratio(Torch((10, 0)), 'cpu') is None

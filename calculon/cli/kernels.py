@@ -63,7 +63,11 @@ def run_import(args, log):
           f"{args.gpu}: {section['gemm']['framework']} "
           f"{section['gemm']['version']}, NCCL {section['nccl']['version']}"
           '); the curves and the network model price what the tables do not '
-          'cover. Produced by: calculon import-kernels ' + args.gpu +
+          'cover. ' + (
+            f"{import_kernels.MXFP8_GEMM_SOURCE}: "
+            f"{section['block_scaled_gemm_ratio']}. "
+            if 'block_scaled_gemm_ratio' in section else '') +
+          'Produced by: calculon import-kernels ' + args.gpu +
           f' --base {args.base} -o {args.output}')
   data = import_kernels.with_measured(base, section, note)
   System(data, args.output)  # what is written reads back

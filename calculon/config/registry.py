@@ -1098,6 +1098,16 @@ SYSTEM = (
        source='stas00/ml-engineering compute/accelerator/benchmarks/'
        'mamf-finder.py: maximum achievable matmul FLOPS at boost clock '
        'against the steady throughput over a 2 s window'),
+  _sys('measured.block_scaled_gemm_ratio', Spec('number', lo=0.5, hi=2),
+       'kernels',
+       'time of a block-scaled 8-bit GEMM (quantization_scaling "block" '
+       'with float8: MXFP8 on Blackwell) over the fp8 table\'s per-tensor '
+       'scaled one of the same shape (calculon import-kernels writes 1.051 '
+       'for B200, B300, GB200 and GB300)', absent=None,
+       absent_doc='1 (block-scaled 8-bit GEMMs at the fp8 table)',
+       source='NVIDIA/TransformerEngine docs/examples/gemm_profiling/'
+       'gemm_profiling.rst (d0067d0da): B300, pre-quantized operands, '
+       'MXFP8 7.161 ms against FP8 current scaling 6.812 ms per layer'),
   _sys('measured.nccl', Spec('dict'), 'kernels',
        'NCCL collective latency over gpus and bytes (the nccl-tests '
        'buffer) per operation (all_gather, reduce_scatter, all_reduce, '

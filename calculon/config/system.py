@@ -343,6 +343,9 @@ class MeasuredConfig:
   #: Sustained over burst SM clock of the table-priced compute, (0, 1];
   #: None: 1 (the tables' times as measured).
   sustained_clock: object = None
+  #: Time of a block-scaled 8-bit GEMM (MXFP8) over the 'fp8' table's
+  #: per-tensor scaled one; None: 1.
+  block_scaled_gemm_ratio: object = None
 
   @classmethod
   def read(cls, reader, name):
@@ -355,6 +358,9 @@ class MeasuredConfig:
     if 'sustained_clock' in sub.obj:
       values['sustained_clock'] = sub.get(
         'sustained_clock', Spec('number', lo=0, lo_open=True, hi=1))
+    if 'block_scaled_gemm_ratio' in sub.obj:
+      values['block_scaled_gemm_ratio'] = sub.get(
+        'block_scaled_gemm_ratio', Spec('number', lo=0.5, hi=2))
     for table, (axes, keys) in MEASURED_TABLES.items():
       if table not in sub.obj:
         continue

@@ -27,6 +27,7 @@ tables name, and per table the collecting framework, its version, the
 import numpy as np
 
 from calculon.kernels import aic
+from calculon.kernels.tables import MXFP8_GEMM_RATIO, MXFP8_GEMM_SOURCE
 
 #: m values kept from the GEMM tables (where present).
 GEMM_M = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 1536, 2048, 2560,
@@ -204,7 +205,17 @@ def measured_section(gpu, folder=None, framework=None, version=None,
   out = {'source': source, 'gemm': gemm, 'nccl': nccl}
   if attention is not None:
     out['attention'] = attention
+  if gpu in BLOCK_SCALED_FP8_GPUS and 'fp8' in gemm['latency_ms']:
+    out['block_scaled_gemm_ratio'] = MXFP8_GEMM_RATIO
   return out
+
+
+#: GPU folders whose tensor cores run MXFP8 (Blackwell): their files carry
+#: ``measured.block_scaled_gemm_ratio`` (:data:`~calculon.kernels.tables.
+#: MXFP8_GEMM_RATIO`).  Hopper's block-scaled FP8 (128-element blocks,
+#: scales applied outside the MMA) is another kernel, left at the 'fp8'
+#: table.
+BLOCK_SCALED_FP8_GPUS = ('b200_sxm', 'b300_sxm', 'gb200', 'gb300')
 
 
 #: GPU folders of the database for the bundled system files' GPUs.

@@ -94,6 +94,31 @@ ATTENTION_CAUSAL_SHARE = 0.5
 #: Shah et al. 2024, "FlashAttention-3", arXiv 2407.08608, sections 1 and
 #: 4.1): 2.5 x 0.65 / 0.57 = 2.86.
 ATTENTION_BACKWARD_RATIO = 2.5 * 0.65 / (0.35 * 1.625)
+#: A block-scaled 8-bit GEMM (MXFP8: 32-element blocks, one E8M0 scale
+#: each, read by the tensor core's block-scaled MMA) over a per-tensor
+#: scaled FP8 one of the same shape, in time, until a measured MXFP8 table
+#: exists: Transformer Engine's own GEMM benchmark on a B300, pre-quantized
+#: operands (the kernels alone, no casts), the 12 GEMMs (forward,
+#: activation gradient, weight gradient) of a layer of hidden 4,096 and
+#: feedforward 16,384 at 15,872 tokens: MXFP8 7.161 ms, FP8 current
+#: scaling 6.812 ms per layer (NVIDIA/TransformerEngine
+#: docs/examples/gemm_profiling/gemm_profiling.rst at d0067d0da, "Autocast
+#: vs Pre-quantized"): 7.161 / 6.812 = 1.051.  ``calculon
+#: import-kernels`` writes it as ``measured.block_scaled_gemm_ratio`` for
+#: the Blackwell GPUs (B200, B300, GB200, GB300), whose tensor cores run
+#: MXFP8; measured on the B300 and taken as the same for B200 and GB200,
+#: whose fifth-generation tensor cores run the same block-scaled MMA.
+MXFP8_GEMM_RATIO = round(7.161 / 6.812, 4)
+#: Where :data:`MXFP8_GEMM_RATIO` comes from (the system files' note).
+MXFP8_GEMM_SOURCE = (
+  'Block-scaled 8-bit GEMMs (MXFP8) at the fp8 table x '
+  'measured.block_scaled_gemm_ratio: Transformer Engine\'s GEMM benchmark '
+  'on a B300 with pre-quantized operands, the 12 GEMMs of a layer of '
+  'hidden 4,096 and feedforward 16,384 at 15,872 tokens, MXFP8 7.161 ms '
+  'against FP8 current scaling 6.812 ms (NVIDIA/TransformerEngine '
+  'docs/examples/gemm_profiling/gemm_profiling.rst at d0067d0da); '
+  'measured on the B300, taken alike for the other Blackwell GPUs (the '
+  'same block-scaled MMA)')
 
 
 class LogGrid:
@@ -216,13 +241,22 @@ class MeasuredKernels:
     #: by it.
     self.clock = 1.0 if getattr(cfg, 'sustained_clock', None) is None \
       else cfg.sustained_clock
+    #: Time of a block-scaled 8-bit GEMM over the 'fp8' table's (the
+    #: file's ``measured.block_scaled_gemm_ratio``, 1 without;
+    #: :data:`MXFP8_GEMM_RATIO`).
+    self.block_scaled_ratio = 1.0 if getattr(
+      cfg, 'block_scaled_gemm_ratio', None) is None \
+      else float(cfg.block_scaled_gemm_ratio)
 
   def terms(self):
     """The terms the tables price, in words (list of str): which of the
     engine's times came from measurement."""
     out = []
     if self._gemm:
-      out.append('GEMM (' + ', '.join(sorted(self._gemm)) + ')')
+      scaled = ''
+      if 'fp8' in self._gemm and self.block_scaled_ratio != 1.0:
+        scaled = f'; MXFP8 as fp8 x {self.block_scaled_ratio:.3f}'
+      out.append('GEMM (' + ', '.join(sorted(self._gemm)) + scaled + ')')
     if self.has_attention:
       out.append('attention forward (backward x '
                  f'{ATTENTION_BACKWARD_RATIO:.2f})')

@@ -153,6 +153,11 @@ class BlockContext:
       adds each microbatch's weight gradient into the gradient buffer
       (``wgrad_accumulation`` 'separate'; scalar 0: fused into the GEMM,
       Calculon; see :meth:`Layer.accumulate_bytes`).
+    block_scaled_gemm: the linear layers' 8-bit GEMMs are block scaled
+      (``quantization_scaling`` 'block' with float8: MXFP8), priced from a
+      measured 'fp8' table at the system's
+      ``measured.block_scaled_gemm_ratio`` (bool or bool array; see
+      :func:`measured_gemm_time_s`).
   """
 
   def __init__(self, system, dtype, bytes_per_element, optimizer_shards, tp,
@@ -165,8 +170,9 @@ class BlockContext:
                tp_overlap_rs_dgrad=True, tp_overlap_efficiency=1.0,
                tp_tile_gemms=False, tp_narrow_all_gather=False,
                narrow_bytes=None, optimizer_pass_bytes=0.0,
-               wgrad_accumulate_bytes=0.0):
+               wgrad_accumulate_bytes=0.0, block_scaled_gemm=False):
     self.system = system
+    self.block_scaled_gemm = flag(block_scaled_gemm)
     self.optimizer_pass_bytes = optimizer_pass_bytes
     self.wgrad_accumulate_bytes = wgrad_accumulate_bytes
     self.dtype = dtype
@@ -413,7 +419,8 @@ class Layer:
     def compute():
       if self.measured(stage):
         return measured_gemm_time_s(self.ctx.system, self.dtype, self.gemm,
-                                    stage)
+                                    stage,
+                                    block_scaled=self.ctx.block_scaled_gemm)
       flops = self.flops(stage)
       engine = self.ctx.system.matrix if self.matrix and stage != 'optim' \
         else self.ctx.system.vector
@@ -604,7 +611,8 @@ def measured_gemm_covers(kernels, dtype):
              for c in codes)
 
 
-def measured_gemm_time_s(system, dtype, gemm, stage, chunks=1):
+def measured_gemm_time_s(system, dtype, gemm, stage, chunks=1,
+                         block_scaled=False):
   """Seconds of a linear layer's GEMM in ``stage`` from the system's
   measured GEMM table (:meth:`~calculon.kernels.tables.MeasuredKernels.
   gemm_time_s`, whose GEMM is ``x (M, K) @ W (N, K)^T``).
@@ -625,7 +633,11 @@ def measured_gemm_time_s(system, dtype, gemm, stage, chunks=1):
   off at the tier-1 memory rate, never below 2 M N K FLOP at the matrix
   engine's peak (AIConfigurator's own composition for a quantized input,
   aic-core/rust/aiconfigurator-core/src/operators/gemm.rs ``GemmOp::
-  query``, at 095f58a5).  Arrays broadcast."""
+  query``, at 095f58a5).  ``block_scaled`` (bool or bool array): an
+  8-bit GEMM is block scaled (MXFP8), the per-tensor 'fp8' table's time x
+  the system's ``measured.block_scaled_gemm_ratio``
+  (:data:`~calculon.kernels.tables.MXFP8_GEMM_RATIO`, Transformer
+  Engine's measured MXFP8 over FP8 kernel time).  Arrays broadcast."""
   from calculon.config.execution import DATATYPE_NAMES
   m, n, k, count = gemm
   kernels = system.measured
@@ -651,6 +663,8 @@ def measured_gemm_time_s(system, dtype, gemm, stage, chunks=1):
       floor = 2.0 * shape[0] * shape[1] * shape[2] / \
         system.matrix.peak_flops(int(code))
       t = np.where(t > 0, np.maximum(t - cast, floor), t)
+    if key == 'fp8' and kernels.block_scaled_ratio != 1.0:
+      t = t * np.where(block_scaled, kernels.block_scaled_ratio, 1.0)
     return chunks * count * t
   if np.ndim(dtype) == 0:
     return one(dtype)
@@ -859,7 +873,8 @@ class LinearOverlapped(Layer):
       return self._memo(('tile_flops_time', stage),
                         lambda: measured_gemm_time_s(
                           self.ctx.system, self.dtype, self.gemm, stage,
-                          self.gemm_chunks(stage)))
+                          self.gemm_chunks(stage),
+                          block_scaled=self.ctx.block_scaled_gemm))
     return self._memo(('tile_flops_time', stage), lambda: chunked_gemm_time_s(
       self.ctx.system.matrix, self.dtype, self.flops(stage),
       self.gemm_chunks(stage)))
@@ -1661,7 +1676,8 @@ class GroupedLinear(Layer):
         if self.measured(stage):
           t = measured_gemm_time_s(
             self.ctx.system, self.dtype,
-            self.gemm_wgrad if stage == 'wgrad' else self.gemm, stage)
+            self.gemm_wgrad if stage == 'wgrad' else self.gemm, stage,
+            block_scaled=self.ctx.block_scaled_gemm)
         else:
           t = self.ctx.system.matrix.time_s(self.dtype, each) * self.experts
       t = where(self.experts == 0, 0.0, np.nan_to_num(t))

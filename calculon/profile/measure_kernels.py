@@ -520,4 +520,22 @@ def measured_section(device='cuda', quick=False, log=None, threads=None):
     out['attention'] = attention
   if nccl is not None:
     out['nccl'] = nccl
+  ratio = block_scaled_ratio(torch, device) \
+    if 'fp8' in gemm['latency_ms'] else None
+  if ratio is not None:
+    out['block_scaled_gemm_ratio'] = ratio
   return out
+
+
+def block_scaled_ratio(torch, device):
+  """``measured.block_scaled_gemm_ratio`` for this machine's GPU: on a
+  Blackwell GPU (compute capability 10 or above, whose tensor cores run
+  MXFP8) :data:`~calculon.kernels.tables.MXFP8_GEMM_RATIO`, the ratio
+  Transformer Engine measured on a B300 (the fp8 table is timed with
+  per-tensor scales, not MXFP8); None elsewhere (CPU, Hopper and older:
+  block-scaled FP8 is priced at the fp8 table)."""
+  from calculon.kernels.tables import MXFP8_GEMM_RATIO
+  if device != 'cuda':
+    return None
+  major, _ = torch.cuda.get_device_capability(0)
+  return MXFP8_GEMM_RATIO if major >= 10 else None

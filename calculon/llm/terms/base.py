@@ -234,6 +234,10 @@ class BaseTerms:
       tp_overlap_efficiency=e.tensor_par_overlap_efficiency,
       tp_tile_gemms=e.tiled_gemm_size == TILED_GEMM_TILE,
       tp_narrow_all_gather=e.tensor_par_narrow_all_gather,
+      # MXFP8: 8-bit GEMMs with block scales (kernels.tables.
+      # MXFP8_GEMM_RATIO).
+      block_scaled_gemm=_scalar_if_zero(
+        (bpe == 1) & (e.quantization_scaling == SCALING_BLOCK)),
       # A framework's Adam step (optimizer_traffic 'fused_adam'); float16
       # unscales the gradients first (loss scaling).
       optimizer_pass_bytes=_scalar_if_zero(np.where(
