@@ -341,3 +341,20 @@ def test_b300_tables_against_transformer_engines_kernels():
   assert rel['mxfp8'] == pytest.approx(-0.022, abs=0.01)
   assert rel['nvfp4'] == pytest.approx(0.064, abs=0.01)
   assert rel['bfloat16'] == pytest.approx(-0.097, abs=0.01)
+
+
+def test_bad_block_scaled_ratio_is_one_line(tmp_path):
+  """A ratio outside [0.5, 2] is bad input: one line naming the file, the
+  field, the value and what is allowed; exit 2."""
+  cfg = read_json_file(repo('systems', 'b300_measured.json'))
+  cfg['measured']['block_scaled_gemm_ratio'] = 5
+  path = tmp_path / 'bad.json'
+  path.write_text(json.dumps(cfg))
+  res = run_cli('llm', repo('models', 'llama3.1-405B.json'),
+                repo('examples', 'llama3.1-405b_16384_tp8_pp16_dp128.json'),
+                path, '-')
+  assert res.returncode == 2
+  line = res.stderr.strip()
+  assert '\n' not in line and 'Traceback' not in line
+  assert str(path) in line and 'measured.block_scaled_gemm_ratio' in line
+  assert '5' in line and '>= 0.5 and <= 2' in line
