@@ -42,6 +42,7 @@ def run_import(args, log):
   from calculon.hardware import System
   from calculon.io import read_json_file
   from calculon.kernels import import_kernels
+  from calculon.kernels.tables import MXFP8_GEMM_SOURCE
   outputs.check_output_path(args.output, ('.json',), what='system file')
   if os.path.exists(args.output) and os.path.exists(args.base) and \
       os.path.samefile(args.output, args.base):
@@ -64,7 +65,7 @@ def run_import(args, log):
           f"{section['gemm']['version']}, NCCL {section['nccl']['version']}"
           '); the curves and the network model price what the tables do not '
           'cover. ' + (
-            f"{import_kernels.MXFP8_GEMM_SOURCE}: "
+            f"{MXFP8_GEMM_SOURCE}: "
             f"{section['block_scaled_gemm_ratio']}. "
             if 'block_scaled_gemm_ratio' in section else '') +
           'Produced by: calculon import-kernels ' + args.gpu +

@@ -355,12 +355,11 @@ class MeasuredConfig:
     values = {}
     if 'source' in sub.obj:
       values['source'] = sub.get('source', Spec('dict'))
-    if 'sustained_clock' in sub.obj:
-      values['sustained_clock'] = sub.get(
-        'sustained_clock', Spec('number', lo=0, lo_open=True, hi=1))
-    if 'block_scaled_gemm_ratio' in sub.obj:
-      values['block_scaled_gemm_ratio'] = sub.get(
-        'block_scaled_gemm_ratio', Spec('number', lo=0.5, hi=2))
+    from calculon.config.registry import field
+    for scalar in ('sustained_clock', 'block_scaled_gemm_ratio'):
+      if scalar in sub.obj:
+        values[scalar] = sub.get(
+          scalar, field('system', f'measured.{scalar}').spec)
     for table, (axes, keys) in MEASURED_TABLES.items():
       if table not in sub.obj:
         continue

@@ -27,7 +27,7 @@ tables name, and per table the collecting framework, its version, the
 import numpy as np
 
 from calculon.kernels import aic
-from calculon.kernels.tables import MXFP8_GEMM_RATIO, MXFP8_GEMM_SOURCE
+from calculon.kernels.tables import MXFP8_GEMM_RATIO
 
 #: m values kept from the GEMM tables (where present).
 GEMM_M = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 1536, 2048, 2560,
